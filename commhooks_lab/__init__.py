@@ -1,0 +1,35 @@
+"""commhooks_lab: run, measure and see PyTorch DDP communication hooks from a notebook.
+
+Heavy parts (pandas, matplotlib, ipywidgets) load on first use, so the rank processes,
+which import this package, start as fast as ``import torch`` allows.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "launch": "launch",
+    "Cluster": "cluster",
+    "WorkerError": "errors",
+    "WorkerTimeoutError": "errors",
+    "WorkerContext": "_worker",
+    "launch_from_env": "torchrun",
+    "selfcheck": "selfcheck",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'commhooks_lab' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,28 @@
+"""One-shot multi-process runs: start ranks, run one function, hand back its values, clean up."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ._validate import check_launch_options
+from .cluster import Cluster, EventCallback, serialize_task
+
+
+def launch(
+    fn: Callable,
+    *args: Any,
+    world_size: int = 2,
+    backend: str | None = None,
+    timeout_s: float = 120.0,
+    start_method: str = "spawn",
+    on_event: EventCallback | None = None,
+) -> list:
+    """Run ``fn(ctx, *args)`` on ``world_size`` fresh DDP ranks and return their values, rank order.
+
+    ``fn`` may be defined in a notebook cell (it travels by value). Any failure raises
+    :class:`~commhooks_lab.WorkerError` naming the rank, with every child process gone. For
+    repeated runs keep a :class:`~commhooks_lab.Cluster` instead: it skips the start-up.
+    """
+    check_launch_options(world_size, backend, timeout_s, start_method)
+    payload = serialize_task(fn, args)  # refuse unpicklable input before any process starts
+    with Cluster(world_size, backend=backend, timeout_s=timeout_s, start_method=start_method) as cluster:
+        return cluster.run_serialized(payload, on_event=on_event)

@@ -1,0 +1,96 @@
+"""Cluster: warm ranks between runs, clean restart after errors, nothing left behind."""
+import gc
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import _workers
+from commhooks_lab import Cluster, WorkerError
+from conftest import wait_gone
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+
+def test_runs_reuse_the_same_ranks_and_the_same_group():
+    with Cluster(world_size=2) as cluster:
+        pids = cluster.pids
+        first = cluster.run(_workers.rank_and_sum)
+        second = cluster.run(_workers.rank_and_sum, 1.0)
+        assert [r["pid"] for r in first] == [r["pid"] for r in second] == pids
+        assert [r["sum"] for r in second] == [5.0, 5.0]
+        assert cluster.starts == 1
+    assert not cluster.alive
+    assert wait_gone(pids) == set()
+
+
+def test_a_worker_error_restarts_the_cluster_cleanly():
+    cluster = Cluster(world_size=2, timeout_s=30)
+    try:
+        old = cluster.pids
+        with pytest.raises(WorkerError, match="boom from rank 0"):
+            cluster.run(_workers.raise_on_rank, 0)
+        assert wait_gone(old) == set()  # the broken group is gone at once
+        rows = cluster.run(_workers.rank_and_sum)
+        assert [r["sum"] for r in rows] == [3.0, 3.0]
+        assert not set(r["pid"] for r in rows) & set(old)
+        assert cluster.starts == 2
+    finally:
+        cluster.close()
+    cluster.close()  # twice is fine
+
+
+def test_garbage_collection_stops_the_ranks():
+    cluster = Cluster(world_size=2)
+    pids = cluster.pids
+    del cluster
+    gc.collect()
+    assert wait_gone(pids) == set()
+
+
+def test_a_crash_at_teardown_after_results_is_reported_not_raised():
+    with Cluster(world_size=2) as cluster:
+        assert cluster.run(_workers.abort_at_teardown) == [0, 1]
+    assert len(cluster.teardown_notes) == 2
+    assert "SIGABRT" in cluster.teardown_notes[0]
+    assert "after it had delivered all its results" in cluster.teardown_notes[0]
+
+
+def _python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_interpreter_exit_stops_the_ranks():
+    out = _python("""
+        import commhooks_lab
+        cluster = commhooks_lab.Cluster(world_size=2)
+        print(*cluster.pids)
+    """)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2, out.stderr
+    assert wait_gone(pids) == set()
+
+
+def test_ranks_leave_when_their_parent_is_killed():
+    out = _python("""
+        import os, commhooks_lab
+        cluster = commhooks_lab.Cluster(world_size=2)
+        print(*cluster.pids, flush=True)
+        os._exit(9)  # no finalizers, no atexit: like a kernel killed with SIGKILL
+    """)
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 2, out.stderr
+    assert wait_gone(pids, timeout_s=5) == set()
+
+
+def test_a_warm_run_skips_the_start_up():
+    with Cluster(world_size=2) as cluster:
+        cluster.run(_workers.pid)
+        start = time.perf_counter()
+        cluster.run(_workers.rank_and_sum)
+        warm = time.perf_counter() - start
+    # Not a benchmark (bench/launch.py is): only that no process was started for this run.
+    assert cluster.starts == 1 and warm < 1.0
