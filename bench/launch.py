@@ -60,9 +60,9 @@ def _free_port() -> int:
 
 
 def _accelerate_job(steps):
-    dist.init_process_group("gloo")  # debug_launcher set the env:// variables
+    if not dist.is_initialized():  # debug_launcher's PrepareForLaunch usually has done it
+        dist.init_process_group("gloo")
     ddp_steps(steps)
-    dist.destroy_process_group()
 
 
 def timed(fn) -> float:

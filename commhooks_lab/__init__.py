@@ -17,6 +17,14 @@ _EXPORTS = {
     "WorkerContext": "_worker",
     "launch_from_env": "torchrun",
     "selfcheck": "selfcheck",
+    "ExperimentConfig": "config",
+    "run": "experiment",
+    "compare": "experiment",
+    "Result": "result",
+    "ResultSet": "result",
+    "load": "result",
+    "available_hooks": "hooks",
+    "Task": "models",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,8 +1,13 @@
-"""``python -m commhooks_lab``: the README's main job, in a terminal or under torchrun."""
+"""``python -m commhooks_lab``: compare DDP communication hooks and print what each one costs.
+
+Runs in a terminal (it starts the ranks itself) or under torchrun (the ranks are given).
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from .torchrun import launch_from_env, under_torchrun
 
@@ -23,9 +28,97 @@ def _selfcheck(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def comparison_configs(args: argparse.Namespace):
+    """One config per hook; PowerSGD-style hooks once per ``--rank``."""
+    from .config import ExperimentConfig
+    from .experiment import DEFAULT_COMPARISON, as_config
+    from .hooks import POWER_SGD_HOOKS
+
+    base = ExperimentConfig(model=args.model, world_size=args.world_size, steps=args.steps, seed=args.seed,
+                            batch_size=args.batch_size)
+    if not args.hooks:
+        return [as_config(item, base) for item in DEFAULT_COMPARISON]
+    configs = []
+    for hook in args.hooks:
+        if hook in POWER_SGD_HOOKS:
+            configs += [base.replace(hook=hook, state_options={"matrix_approximation_rank": r,
+                                                               "start_powerSGD_iter": args.start_iter})
+                        for r in args.rank]
+        else:
+            configs.append(base.replace(hook=hook))
+    return configs
+
+
+def format_table(table) -> str:
+    shown = table.copy()
+    for column, fmt in {"rel_error": "{:.2e}", "cosine": "{:.6f}", "rank_spread": "{:.1e}",
+                        "payload_vs_fp32": "{:.4f}", "final_loss": "{:.4f}", "accuracy": "{:.3f}"}.items():
+        if column in shown:
+            shown[column] = shown[column].map(fmt.format)
+    return shown.to_string()
+
+
+def _compare(args: argparse.Namespace) -> int:
+    configs = comparison_configs(args)
+    for config in configs:
+        config.check()  # every typo is reported before any process starts
+    if under_torchrun():
+        from .result import ResultSet, from_ranks
+        from .worker import run_experiment
+
+        results = ResultSet()
+        for config in configs:
+            ranks = launch_from_env(run_experiment, config.replace(world_size=int(os.environ["WORLD_SIZE"])))
+            if ranks is not None:
+                results.append(from_ranks({**config.to_dict(), "name": config.name}, ranks))
+        if not results:
+            return 0
+    else:
+        from .experiment import compare
+
+        results = compare(configs, progress=not args.quiet)
+    print(f"\n{len(configs)} hooks, {configs[0].world_size} ranks, {configs[0].steps} steps of "
+          f"{results[0].env['task']}\n")
+    print(format_table(results.table()))
+    notes = results.notes()
+    if notes:
+        print("\nnotes:")
+        for note in dict.fromkeys(notes):
+            print(f"- {note}")
+    if args.out:
+        out = Path(args.out)
+        results.save(out / "results")
+        results.table().to_csv(out / "summary.csv")
+        if not args.no_figure:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            from .plots import overview
+
+            figure = overview(results)
+            figure.savefig(out / "overview.png", dpi=110)
+            print(f"\nwrote {out / 'summary.csv'}, {out / 'overview.png'} and {len(results)} results in "
+                  f"{out / 'results'} (commhooks_lab.load reads them)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m commhooks_lab", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m commhooks_lab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
+    comp = sub.add_parser("compare", help="compare hooks on one task (the default)")
+    comp.add_argument("--hooks", nargs="+", help="hook names (default: every built-in hook)")
+    comp.add_argument("--rank", type=int, nargs="+", default=[1, 4],
+                      help="PowerSGD matrix_approximation_rank values, with --hooks")
+    comp.add_argument("--start-iter", type=int, default=2, help="PowerSGD start_powerSGD_iter, with --hooks")
+    comp.add_argument("--model", default="mlp", help="mlp | cnn | lowrank | module:function")
+    comp.add_argument("--world-size", type=int, default=2)
+    comp.add_argument("--steps", type=int, default=20)
+    comp.add_argument("--batch-size", type=int, default=32)
+    comp.add_argument("--seed", type=int, default=0)
+    comp.add_argument("--out", default="runs/latest", help="folder for the table, figure and results ('' for none)")
+    comp.add_argument("--no-figure", action="store_true")
+    comp.add_argument("--quiet", action="store_true", help="no progress bar")
+    comp.set_defaults(func=_compare)
     check = sub.add_parser("selfcheck", help="start ranks, all-reduce, check that they agree")
     check.add_argument("--world-size", type=int, default=2)
     check.add_argument("--start-method", default="spawn")
@@ -35,7 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["compare", *argv]
     args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["selfcheck", *(argv if argv is not None else sys.argv[1:])])
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError) as exc:
+        parser.exit(2, f"error: {exc}\n")

@@ -1,0 +1,92 @@
+"""One experiment, described as data: which hook, on which task, with how many ranks.
+
+Like Accelerate's ``DistributedDataParallelKwargs``: a dataclass whose values are names users
+already know (Accelerate's hook enum members are accepted too). ``check()`` refuses bad
+values before any process starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ._validate import check_launch_options
+from .hooks import HookChoice, check_hook_choice
+from .models import resolve_task_factory
+
+OPTIMIZERS = ("sgd", "momentum", "adam")
+APIS = ("torch", "accelerate")
+
+
+def _positive(name: str, value, kind=numbers.Real) -> None:
+    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+        raise ValueError(f"{name} must be a {'positive int' if kind is numbers.Integral else 'number > 0'}, "
+                         f"got {value!r}")
+
+
+@dataclass
+class ExperimentConfig:
+    """Everything one run needs. The same config and seed give bit-identical numbers."""
+
+    hook: Any = "allreduce"  # a name, an Accelerate DDPCommunicationHookType, a callable, "module:function"
+    wrapper: Any = "no"  # "no" | "fp16" | "bf16"
+    state_options: dict = field(default_factory=dict)  # PowerSGDState keyword arguments
+    state_factory: Callable | None = None  # your hook's state: factory(process_group, **state_options)
+    model: Any = "mlp"  # "mlp" | "cnn" | "lowrank" | factory(seed) -> Task | "module:function"
+    world_size: int = 2
+    steps: int = 20
+    batch_size: int = 32  # per rank
+    optimizer: str = "momentum"  # "sgd" | "momentum" (0.9) | "adam"
+    lr: float = 0.1
+    seed: int = 0
+    bucket_cap_mb: float = 25.0
+    probe: bool = True
+    eval_every: int = 0  # test accuracy every k steps (0: at the end only)
+    sample_layer: str | None = None  # whose element-wise gradients to keep (default: the largest matrix)
+    api: str = "torch"  # "torch": register_comm_hook; "accelerate": DistributedDataParallelKwargs
+    backend: str | None = None
+    timeout_s: float = 120.0
+    label: str | None = None  # a name for tables and legends
+
+    def check(self) -> HookChoice:
+        """Validate everything; return the checked hook choice."""
+        choice = check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory)
+        resolve_task_factory(self.model)
+        check_launch_options(self.world_size, self.backend, self.timeout_s, "spawn")
+        _positive("steps", self.steps, numbers.Integral)
+        _positive("batch_size", self.batch_size, numbers.Integral)
+        _positive("lr", self.lr)
+        _positive("bucket_cap_mb", self.bucket_cap_mb)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
+        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, numbers.Integral) or self.eval_every < 0:
+            raise ValueError(f"eval_every must be an int >= 0 (0: evaluate at the end only), got {self.eval_every!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
+        if self.api not in APIS:
+            raise ValueError(f"unknown api {self.api!r}; choose 'torch' (register_comm_hook) or 'accelerate' "
+                             "(DistributedDataParallelKwargs)")
+        return choice
+
+    @property
+    def name(self) -> str:
+        if self.label:
+            return self.label
+        name = check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory).name
+        rank = self.state_options.get("matrix_approximation_rank")
+        return f"{name} r{rank}" if rank else name
+
+    def replace(self, **changes) -> "ExperimentConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """JSON-safe: callables become their qualified names."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            value = getattr(value, "value", value)  # enum members
+            if callable(value):
+                value = f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}"
+            out[f.name] = value
+        return out

@@ -1,0 +1,111 @@
+"""The tasks the lab trains: real handwritten digits (shipped with scikit-learn) and a synthetic
+task whose gradients have a known low rank. Nothing is downloaded.
+
+A task is a model, a training set, an optional test set and a loss. ``model="module:function"``
+or a callable ``factory(seed) -> Task`` brings your own.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+TASKS = ("mlp", "cnn", "lowrank")
+TASK_SUMMARIES = {
+    "mlp": "digits 8x8 -> MLP 64-128-10 (scikit-learn load_digits, 1797 real handwritten digits)",
+    "cnn": "digits 8x8 -> CNN conv16-conv32-pool-linear (same data)",
+    "lowrank": "synthetic regression whose weight gradients have rank <= 4 (inputs in a 4-dim subspace)",
+}
+LOWRANK_TRUE_RANK = 4
+
+
+@dataclass
+class Task:
+    model: nn.Module
+    train: torch.utils.data.Dataset
+    test: torch.utils.data.Dataset | None
+    loss: str  # "cross_entropy" or "mse"
+    description: str = ""
+
+    def loss_fn(self) -> Callable:
+        return {"cross_entropy": nn.functional.cross_entropy, "mse": nn.functional.mse_loss}[self.loss]
+
+
+def digits(seed: int = 0, test_fraction: float = 0.2, as_images: bool = False):
+    """scikit-learn's 1797 8x8 digits, scaled to [0, 1], split with a fixed permutation."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = torch.tensor(data.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(data.target, dtype=torch.long)
+    if as_images:
+        x = x.view(-1, 1, 8, 8)
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    n_test = int(len(x) * test_fraction)
+    test, train = order[:n_test], order[n_test:]
+    ds = torch.utils.data.TensorDataset
+    return ds(x[train], y[train]), ds(x[test], y[test])
+
+
+def mlp_task(seed: int = 0) -> Task:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    train, test = digits(seed)
+    return Task(model, train, test, "cross_entropy", TASK_SUMMARIES["mlp"])
+
+
+def cnn_task(seed: int = 0) -> Task:
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 4 * 4, 10),
+    )
+    train, test = digits(seed, as_images=True)
+    return Task(model, train, test, "cross_entropy", TASK_SUMMARIES["cnn"])
+
+
+def lowrank_task(seed: int = 0, n: int = 2048, d_in: int = 256, d_out: int = 128,
+                 rank: int = LOWRANK_TRUE_RANK) -> Task:
+    """y = W* x with every x in one ``rank``-dim subspace: each weight gradient
+    (sum of outer products err x^T) then has rank <= ``rank``, on every rank and in the mean."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    basis = torch.randn(rank, d_in, generator=gen) / d_in**0.5
+    x = torch.randn(n, rank, generator=gen) @ basis
+    teacher = torch.randn(d_in, d_out, generator=gen)
+    y = x @ teacher
+    torch.manual_seed(seed)
+    model = nn.Linear(d_in, d_out, bias=False)
+    ds = torch.utils.data.TensorDataset
+    return Task(model, ds(x, y), None, "mse", TASK_SUMMARIES["lowrank"])
+
+
+BUILDERS = {"mlp": mlp_task, "cnn": cnn_task, "lowrank": lowrank_task}
+
+
+def resolve_task_factory(model: Any) -> Callable[[int], Task]:
+    """A task name, a callable ``factory(seed) -> Task``, or ``"module:function"``."""
+    if isinstance(model, str):
+        if model in BUILDERS:
+            return BUILDERS[model]
+        if ":" in model:
+            module_name, _, attr = model.partition(":")
+            try:
+                return getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError) as exc:
+                raise ValueError(f"cannot import model factory {model}: {exc}") from exc
+        raise ValueError(f"unknown model {model!r}; choose one of {list(TASKS)}, or pass factory(seed) -> Task "
+                         "or 'module:function'")
+    if callable(model):
+        return model
+    raise ValueError(f"model must be a name, a callable or 'module:function', got {model!r}")
+
+
+def build_task(model: Any, seed: int) -> Task:
+    task = resolve_task_factory(model)(seed)
+    if not isinstance(task, Task):
+        raise TypeError(f"a model factory must return commhooks_lab.models.Task, got {type(task).__name__}")
+    return task

@@ -1,0 +1,168 @@
+"""Pictures of what hooks do. Each function takes Result(s) and returns a matplotlib Figure;
+none calls ``plt.show()`` (a notebook cell does, so that nbval sees a stable output)."""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+from .result import Result
+
+FP16_UNIT_ROUNDOFF = 2.0**-11
+BF16_UNIT_ROUNDOFF = 2.0**-8
+#: Below this, an error is zero to float64's eye; log axes draw it on this floor.
+FLOOR = 1e-17
+
+
+def _list(results) -> list[Result]:
+    return [results] if isinstance(results, Result) else list(results)
+
+
+def _positive(values) -> np.ndarray:
+    """Values for a log axis: exact zeros drawn on the floor instead of vanishing."""
+    return np.maximum(np.asarray(values, dtype=float), FLOOR)
+
+
+def _draw_per_step(ax, results: list[Result], values, ylabel: str, title: str) -> None:
+    """One line per hook of ``values(result)`` against step, on a log axis."""
+    for r in results:
+        ax.plot(r.steps["step"], _positive(values(r)), marker=".", label=r.name)
+    ax.set(yscale="log", xlabel="step", ylabel=ylabel, title=title)
+    ax.legend(fontsize="small")
+
+
+def error_per_step(results: Iterable[Result] | Result) -> Figure:
+    """rel_error and 1 - cosine per step, one line per hook, on log axes."""
+    results = _list(results)
+    fig, (ax_err, ax_cos) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    _draw_per_step(ax_err, results, lambda r: r.steps["rel_error"], "rel_error = ||h - exact|| / ||exact||",
+                   "How far the hook's gradient is from the exact mean")
+    _draw_per_step(ax_cos, results, lambda r: 1 - r.steps["cosine"], "1 - cosine(h, exact)", "Direction error")
+    return fig
+
+
+def layer_heatmap(result: Result, metric: str = "rel_error") -> Figure:
+    """Per-layer ``metric`` over steps: which layers the hook hurts, and when."""
+    table = result.layers.pivot(index="layer", columns="step", values=metric)
+    table = table.loc[[n for n in dict.fromkeys(result.layers["layer"])]]  # model order
+    fig, ax = plt.subplots(figsize=(10, 0.45 * len(table) + 1.8), constrained_layout=True)
+    values = _positive(table.to_numpy())
+    image = ax.imshow(values, aspect="auto", cmap="viridis",
+                      norm=matplotlib.colors.LogNorm(vmin=max(values.min(), FLOOR), vmax=max(values.max(), 2 * FLOOR)))
+    ax.set_yticks(range(len(table)), table.index)
+    ax.set_xticks(range(len(table.columns)), table.columns)
+    ax.set(xlabel="step", title=f"{result.name}: {metric} per layer")
+    fig.colorbar(image, ax=ax, label=f"{metric} (log scale)")
+    return fig
+
+
+def gradient_agreement(result: Result) -> Figure:
+    """Left: do all ranks hold the same gradient (rank_spread)? Right: hook vs exact, one layer."""
+    fig, (ax_spread, ax_scatter) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    s = result.steps
+    ax_spread.plot(s["step"], s["rank_spread"], marker="o")
+    ax_spread.set(yscale="symlog", xlabel="step", ylabel="rank_spread = max |h_r - h_0|",
+                  title="Do all ranks agree? (0 = DDP's invariant)")
+    ax_spread.set_ylim(bottom=0)
+    sample = result.sample
+    if sample:
+        exact, hook = np.asarray(sample["exact"]), np.asarray(sample["hook"])
+        ax_scatter.scatter(exact, hook, s=4, alpha=0.5)
+        lim = float(np.abs(np.concatenate([exact, hook])).max()) or 1.0
+        ax_scatter.plot([-lim, lim], [-lim, lim], color="black", linewidth=0.8, label="h = exact")
+        ax_scatter.set(xlabel="exact mean gradient", ylabel="hook's gradient h",
+                       title=f"{sample['layer']} {tuple(sample['shape'])}, last step")
+        ax_scatter.legend(fontsize="small")
+    return fig
+
+
+def _draw_tradeoff(ax, results: list[Result]) -> None:
+    for r in results:
+        row = r.summary()
+        if "rel_error" not in row or not row["payload_vs_fp32"] > 0:
+            continue  # noop sends nothing: no place on a log axis
+        x, y = row["payload_vs_fp32"], max(row["rel_error"], FLOOR)
+        ax.scatter([x], [y], s=40)
+        ax.annotate(r.name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize="small")
+    ax.set(xscale="log", yscale="log", xlabel="payload / fp32 allreduce payload (bytes ratio)",
+           ylabel="mean rel_error over compressed steps", title="Bytes saved vs error paid")
+    ax.grid(True, alpha=0.3)
+
+
+def tradeoff(results: Iterable[Result]) -> Figure:
+    """Bytes against error, one point per hook (log-log): the price of each byte saved."""
+    fig, ax = plt.subplots(figsize=(7, 5), constrained_layout=True)
+    _draw_tradeoff(ax, _list(results))
+    return fig
+
+
+def loss_curves(results: Iterable[Result], baseline: str | None = "allreduce") -> Figure:
+    """Training loss per step; the exact (``baseline``) run dashed, for reference."""
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    for r in _list(results):
+        style = {"linestyle": "--", "color": "black"} if r.name == baseline else {}
+        ax.plot(r.steps["step"], r.steps["loss"], label=r.name, **style)
+    ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title="Does compression change training?")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def precision_histogram(results: Iterable[Result]) -> Figure:
+    """Element-wise |h - exact| / |exact| of one layer, with fp16's and bf16's unit roundoff marked."""
+    fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
+    bins = np.logspace(-12, 1, 66)
+    for r in _list(results):
+        if not r.sample:
+            continue
+        exact, hook = np.asarray(r.sample["exact"]), np.asarray(r.sample["hook"])
+        keep = exact != 0
+        rel = _positive(np.abs(hook[keep] - exact[keep]) / np.abs(exact[keep]))
+        ax.hist(rel, bins=bins, histtype="step", linewidth=1.5, label=f"{r.name} ({r.sample['layer']})")
+    for value, text in ((FP16_UNIT_ROUNDOFF, "fp16 unit roundoff 2^-11"), (BF16_UNIT_ROUNDOFF, "bf16 unit roundoff 2^-8")):
+        ax.axvline(value, color="gray", linestyle=":")
+        ax.text(value, 0.97, " " + text, rotation=90, va="top", fontsize="small", transform=ax.get_xaxis_transform())
+    ax.set(xscale="log", xlabel="element-wise relative error |h - exact| / |exact|", ylabel="elements",
+           title="Rounding error per element")
+    ax.legend(fontsize="small", loc="upper left")
+    return fig
+
+
+def singular_values(result: Result, ranks: Sequence[int] = (1, 2, 4)) -> Figure:
+    """Singular values of one layer's exact gradient; a rank-r cut keeps the energy left of r."""
+    sample = result.sample
+    if not sample or len(sample["shape"]) < 2:
+        raise ValueError("singular_values needs a Result whose sample is a matrix layer (probe on)")
+    rows = sample["shape"][0]
+    matrix = np.asarray(sample["exact"]).reshape(rows, -1)
+    sv = np.linalg.svd(matrix, compute_uv=False)
+    energy = np.cumsum(sv**2) / np.sum(sv**2)
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    ax.plot(np.arange(1, len(sv) + 1), _positive(sv), marker=".")
+    for r in ranks:
+        if r <= len(sv):
+            ax.axvline(r, color="gray", linestyle=":")
+            ax.text(r, 0.02, f" r={r}: {energy[r - 1]:.0%} of energy", rotation=90, fontsize="small",
+                    transform=ax.get_xaxis_transform())
+    ax.set(xscale="log", yscale="log", xlabel="index i", ylabel="singular value σ_i",
+           title=f"{sample['layer']} {tuple(sample['shape'])}: why low rank works")
+    return fig
+
+
+def cumulative_error(results: Iterable[Result]) -> Figure:
+    """||Σ h_t - Σ exact_t|| / ||Σ exact_t||: what error feedback buys over many steps."""
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    _draw_per_step(ax, _list(results), lambda r: r.steps["cumulative_rel_error"], "cumulative_rel_error",
+                   "Error of the summed gradient (error feedback repays what it dropped)")
+    return fig
+
+
+def overview(results: Iterable[Result]) -> Figure:
+    """The main job's picture: error per step and the bytes/error trade-off, side by side."""
+    results = _list(results)
+    fig, (ax_err, ax_trade) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    _draw_per_step(ax_err, results, lambda r: r.steps["rel_error"], "rel_error", "Error per step")
+    _draw_tradeoff(ax_trade, results)
+    return fig

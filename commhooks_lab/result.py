@@ -1,0 +1,137 @@
+"""What a run hands back: tidy tables (per step, per step x layer), notes, config, environment.
+
+Saved as JSON, never pickle: a result file is data anyone can open, and loading one runs no code.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+FORMAT = "commhooks_lab.Result"
+VERSION = 1
+
+
+def _frame_to_json(df: pd.DataFrame) -> dict:
+    return {"columns": list(df.columns), "dtypes": {c: str(t) for c, t in df.dtypes.items()},
+            "data": df.astype(object).where(df.notna(), None).values.tolist()}
+
+
+def _frame_from_json(data: dict) -> pd.DataFrame:
+    df = pd.DataFrame(data["data"], columns=data["columns"])
+    return df.astype(data["dtypes"]) if len(df) else df.astype({c: t for c, t in data["dtypes"].items()})
+
+
+@dataclass
+class Result:
+    """One run. ``steps``: a row per step; ``layers``: a row per step and parameter."""
+
+    config: dict
+    steps: pd.DataFrame
+    layers: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+    final: dict = field(default_factory=dict)
+    sample: dict | None = None  # one layer's hook and exact gradient at the last step
+
+    @property
+    def name(self) -> str:
+        return self.config.get("name") or str(self.config.get("hook"))
+
+    @property
+    def ranks_agree(self) -> bool:
+        """Did every rank end with bit-identical parameters (DDP's invariant)?"""
+        return len(set(self.final.get("param_digests", []))) == 1
+
+    @property
+    def losses(self) -> pd.Series:
+        return self.steps.set_index("step")["loss"]
+
+    def compressed_steps(self) -> pd.DataFrame:
+        """The steps where the hook compressed, or all steps if it never did."""
+        compressed = self.steps[self.steps["compressing"]] if "compressing" in self.steps else self.steps
+        return compressed if len(compressed) else self.steps
+
+    def summary(self) -> dict:
+        """One row for comparison tables: error and bytes over the steps where the hook compressed."""
+        s, compressed = self.steps, self.compressed_steps()
+        row = {"hook": self.name}
+        if "rel_error" in s:
+            row.update(rel_error=compressed["rel_error"].mean(), cosine=compressed["cosine"].mean(),
+                       rank_spread=s["rank_spread"].max())
+        row["compressed_steps"] = f"{int(s['compressing'].sum())}/{len(s)}"
+        fp32 = compressed["uncompressed_bytes"].sum()
+        row["payload_vs_fp32"] = compressed["payload_bytes"].sum() / fp32 if fp32 else math.nan
+        row["final_loss"] = self.final.get("loss", math.nan)
+        row["accuracy"] = self.final.get("accuracy", math.nan)
+        row["ranks_agree"] = self.ranks_agree
+        row["notes"] = len(self.notes)
+        return row
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "config": self.config, "steps": _frame_to_json(self.steps),
+                "layers": _frame_to_json(self.layers), "notes": self.notes, "env": self.env, "final": self.final,
+                "sample": self.sample}
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1, allow_nan=True))
+        return path
+
+    def __repr__(self) -> str:
+        return f"<Result {self.name}: {len(self.steps)} steps, {len(self.notes)} notes>"
+
+
+class ResultSet(list):
+    """Several runs, in the order they ran, with a comparison table."""
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame([r.summary() for r in self]).set_index("hook")
+
+    def by_name(self, name: str) -> Result:
+        for r in self:
+            if r.name == name:
+                return r
+        raise KeyError(f"no run named {name!r}; runs: {[r.name for r in self]}")
+
+    def notes(self) -> list[str]:
+        return [n for r in self for n in r.notes]
+
+    def save(self, folder) -> list[Path]:
+        folder = Path(folder)
+        return [r.save(folder / f"{i:02d}_{_slug(r.name)}.json") for i, r in enumerate(self)]
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text).strip("_")
+
+
+def load(path) -> Result | ResultSet:
+    """Read a saved Result (a .json file), or a folder of them as a ResultSet."""
+    path = Path(path)
+    if path.is_dir():
+        return ResultSet(load(p) for p in sorted(path.glob("*.json")))
+    data = json.loads(path.read_text())
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a saved commhooks_lab Result")
+    if data.get("version") != VERSION:
+        raise ValueError(f"{path} has Result format version {data.get('version')}; this lab reads {VERSION}")
+    return Result(data["config"], _frame_from_json(data["steps"]), _frame_from_json(data["layers"]),
+                  data["notes"], data["env"], data["final"], data.get("sample"))
+
+
+def from_ranks(config_dict: dict, ranks: Iterable[dict]) -> Result:
+    """Assemble a Result from the values the ranks returned."""
+    ranks = list(ranks)
+    main = ranks[0]
+    steps = pd.DataFrame(main["steps"])
+    if "accuracy" not in steps:
+        steps["accuracy"] = math.nan
+    layers = pd.DataFrame(main["layers"])
+    final = {**main["final"], "param_digests": [r["param_digest"] for r in ranks]}
+    return Result(config_dict, steps, layers, list(main["notes"]), main["env"], final, main["sample"])
