@@ -63,16 +63,15 @@ def _compare(args: argparse.Namespace) -> int:
     for config in configs:
         config.check()  # every typo is reported before any process starts
     if under_torchrun():
-        from .result import ResultSet, from_ranks
-        from .worker import run_experiment
+        from .experiment import assemble_result
+        from .result import ResultSet
+        from .worker import run_experiments
 
-        results = ResultSet()
-        for config in configs:
-            ranks = launch_from_env(run_experiment, config.replace(world_size=int(os.environ["WORLD_SIZE"])))
-            if ranks is not None:
-                results.append(from_ranks({**config.to_dict(), "name": config.name}, ranks))
-        if not results:
+        configs = [c.replace(world_size=int(os.environ["WORLD_SIZE"])) for c in configs]
+        per_rank = launch_from_env(run_experiments, configs)  # one process group for every config
+        if per_rank is None:  # not rank 0: rank 0 reports
             return 0
+        results = ResultSet(assemble_result(c, [runs[i] for runs in per_rank]) for i, c in enumerate(configs))
     else:
         from .experiment import compare
 

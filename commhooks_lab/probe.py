@@ -90,22 +90,33 @@ class PayloadCounter:
 
 
 class Probe:
-    """Wraps a hook; after each backward, :meth:`measure` compares it with the exact average."""
+    """Wraps a hook; records each step; :meth:`flush` compares the records with the exact mean.
 
-    def __init__(self, named_parameters, world_size: int, measure: bool = True):
+    Recording only copies tensors. Measuring needs collectives of its own, and on gloo each
+    costs about a millisecond, as much as a small model's whole step: so records wait, and one
+    float64 all-reduce (plus one max) measures many steps at once, at the end of a run or
+    whenever the records reach ``flush_bytes``. Every rank must call :meth:`flush` at the same
+    points, which :meth:`should_flush` guarantees (same sizes on every rank).
+    """
+
+    def __init__(self, named_parameters, world_size: int, rank: int, measure: bool = True,
+                 flush_bytes: int = 32 << 20):
         self.names = [n for n, _ in named_parameters]
         self.params = [p for _, p in named_parameters]
-        self.world_size = world_size
+        self.sizes = [p.numel() for p in self.params]
+        self.world_size, self.rank = world_size, rank
         self.measure_enabled = measure
+        self.flush_bytes = flush_bytes
         self.counter = PayloadCounter.install()
         self.local: dict[int, torch.Tensor] = {}
         self.uncompressed_bytes = 0
         self.buckets = 0
+        self.records: list[dict] = []
         self.sum_h: torch.Tensor | None = None
         self.sum_exact: torch.Tensor | None = None
         self.last: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def wrap(self, hook: Callable, state_is_ignored: bool = False, wait: bool = True) -> Callable:
+    def wrap(self, hook: Callable, wait: bool = True) -> Callable:
         """A hook that records, then runs ``hook`` unchanged.
 
         ``wait``: finish this bucket's communication before DDP moves on. On gloo, collectives
@@ -139,11 +150,74 @@ class Probe:
         self.counter.reset()
         self.counter.active = True
 
-    def end_backward(self) -> None:
+    def end_step(self, loss: torch.Tensor) -> dict:
+        """Call right after ``backward()``: stop counting, keep copies. Returns the step's record."""
         self.counter.active = False
+        payload = self.counter.payload_bytes
+        record = {"payload_bytes": payload, "ring_bytes": self.counter.ring_bytes,
+                  "uncompressed_bytes": self.uncompressed_bytes, "buckets": self.buckets,
+                  "compressing": bool(0 < payload < self.uncompressed_bytes), "_loss": loss.detach().double().item()}
+        if self.measure_enabled:
+            missing = [n for n, p in zip(self.names, self.params) if id(p) not in self.local]
+            if missing:
+                raise RuntimeError(f"the probe saw no gradient for {missing}: were these parameters unused?")
+            record["_local"] = _flat(self.local[id(p)] for p in self.params)
+            record["_h"] = _flat(p.grad for p in self.params)
+        self.records.append(record)
+        return record
+
+    def should_flush(self) -> bool:
+        return len(self.records) * 16 * sum(self.sizes) >= self.flush_bytes
+
+    def flush(self) -> tuple[list[dict], list[dict]]:
+        """Measure every recorded step; return (step rows, layer rows). Collective: all ranks call it."""
+        records, self.records = self.records, []
+        if not records:
+            return [], []
+        n = sum(self.sizes) if self.measure_enabled else 0
+        packed = torch.zeros(len(records), 2 * n + 1, dtype=torch.float64)
+        for i, rec in enumerate(records):
+            packed[i, -1] = rec.pop("_loss")
+            if self.measure_enabled:
+                packed[i, :n] = rec["_local"]
+                if self.rank == 0:
+                    packed[i, n:2 * n] = rec["_h"]
+        dist.all_reduce(packed)  # sum of local gradients, rank 0's h, sum of losses: one collective
+        steps, layers = [], []
+        if self.measure_enabled:
+            exact_all, h0_all = packed[:, :n] / self.world_size, packed[:, n:2 * n]
+            spread = torch.stack([
+                torch.stack([d.abs().max() for d in (rec.pop("_h") - h0).split(self.sizes)])
+                for rec, h0 in zip(records, h0_all)])
+            dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+        for i, rec in enumerate(records):
+            rec.pop("_local", None)
+            row = {**rec, "loss": packed[i, -1].item() / self.world_size}
+            if self.measure_enabled:
+                step_layers = self._measure(row, exact_all[i], h0_all[i], spread[i])
+                layers.extend({"step": rec["step"], **layer} for layer in step_layers)
+            steps.append(row)
+        return steps, layers
+
+    def _measure(self, row: dict, exact: torch.Tensor, h: torch.Tensor, spread: torch.Tensor) -> list[dict]:
+        diff = h - exact
+        layers = []
+        for name, size, d, e, hh, s in zip(self.names, self.sizes, diff.split(self.sizes),
+                                           exact.split(self.sizes), h.split(self.sizes), spread):
+            layers.append({"layer": name, "numel": size, **_errors(d, e, hh), "rank_spread": s.item(),
+                           "exact_norm": e.norm().item()})
+        self.last = dict(zip(self.names, zip(h.split(self.sizes), exact.split(self.sizes))))
+        if self.sum_h is None:
+            self.sum_h, self.sum_exact = torch.zeros_like(h), torch.zeros_like(exact)
+        self.sum_h += h
+        self.sum_exact += exact
+        row.update(_errors(diff, exact, h))
+        row["rank_spread"] = spread.max().item()
+        row["cumulative_rel_error"] = _ratio((self.sum_h - self.sum_exact).norm(), self.sum_exact.norm())
+        return layers
 
     def sample(self, layer: str | None = None) -> dict:
-        """The last step's hook and exact gradient of one layer (default: the largest matrix)."""
+        """The last measured step's hook and exact gradient of one layer (default: the largest matrix)."""
         if layer is None:
             matrices = [(p.numel(), n) for n, p in zip(self.names, self.params) if p.dim() >= 2]
             layer = max(matrices)[1] if matrices else self.names[0]
@@ -153,46 +227,9 @@ class Probe:
         shape = list(self.params[self.names.index(layer)].shape)
         return {"layer": layer, "shape": shape, "hook": h.tolist(), "exact": exact.tolist()}
 
-    def _flat(self, tensors) -> torch.Tensor:
-        return torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
 
-    def measure(self) -> tuple[dict, list[dict]]:
-        """Collectives of its own (float64 all-reduce, broadcast, max): every rank must call it."""
-        step = {"payload_bytes": self.counter.payload_bytes, "ring_bytes": self.counter.ring_bytes,
-                "uncompressed_bytes": self.uncompressed_bytes, "buckets": self.buckets}
-        payload = step["payload_bytes"]
-        step["compressing"] = bool(0 < payload < self.uncompressed_bytes)
-        if not self.measure_enabled:
-            return step, []
-        missing = [n for n, p in zip(self.names, self.params) if id(p) not in self.local]
-        if missing:
-            raise RuntimeError(f"the probe saw no gradient for {missing}: were these parameters unused?")
-        local = self._flat(self.local[id(p)] for p in self.params)
-        h = self._flat(p.grad for p in self.params)
-        exact = local.clone()
-        dist.all_reduce(exact)
-        exact /= self.world_size
-        h0 = h.clone()
-        dist.broadcast(h0, 0)
-        sizes = [p.numel() for p in self.params]
-        diff = h - exact
-        spread = torch.stack([d.abs().max() for d in (h - h0).split(sizes)])
-        dist.all_reduce(spread, op=dist.ReduceOp.MAX)
-
-        layers = []
-        for name, size, d, e, hh, s in zip(self.names, sizes, diff.split(sizes), exact.split(sizes),
-                                           h.split(sizes), spread):
-            layers.append({"layer": name, "numel": size, **_errors(d, e, hh), "rank_spread": s.item(),
-                           "exact_norm": e.norm().item()})
-        self.last = dict(zip(self.names, zip(h.split(sizes), exact.split(sizes))))
-        if self.sum_h is None:
-            self.sum_h, self.sum_exact = torch.zeros_like(h), torch.zeros_like(exact)
-        self.sum_h += h
-        self.sum_exact += exact
-        step.update(_errors(diff, exact, h))
-        step["rank_spread"] = spread.max().item()
-        step["cumulative_rel_error"] = _ratio((self.sum_h - self.sum_exact).norm(), self.sum_exact.norm())
-        return step, layers
+def _flat(tensors) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> float:

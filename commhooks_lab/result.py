@@ -132,6 +132,8 @@ def from_ranks(config_dict: dict, ranks: Iterable[dict]) -> Result:
     steps = pd.DataFrame(main["steps"])
     if "accuracy" not in steps:
         steps["accuracy"] = math.nan
+    first = ["step", "loss", "accuracy"]
+    steps = steps[first + [c for c in steps.columns if c not in first]]
     layers = pd.DataFrame(main["layers"])
     final = {**main["final"], "param_digests": [r["param_digest"] for r in ranks]}
     return Result(config_dict, steps, layers, list(main["notes"]), main["env"], final, main["sample"])

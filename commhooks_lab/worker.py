@@ -94,7 +94,7 @@ def run_experiment(ctx, config: ExperimentConfig) -> dict:
     choice = config.check()
     task = build_task(config.model, config.seed)
     task.model.to(ctx.device)
-    probe = Probe(list(task.model.named_parameters()), ctx.world_size, measure=config.probe)
+    probe = Probe(list(task.model.named_parameters()), ctx.world_size, ctx.rank, measure=config.probe)
     if config.api == "accelerate":
         from .accelerate_path import setup_accelerate_ddp
 
@@ -105,6 +105,12 @@ def run_experiment(ctx, config: ExperimentConfig) -> dict:
     loss_fn = task.loss_fn()
     data = batches(task.train, ctx, config)
     steps, layers = [], []
+
+    def flush() -> None:
+        step_rows, layer_rows = probe.flush()
+        steps.extend(step_rows)
+        layers.extend(layer_rows)
+
     for step in range(config.steps):
         x, y = (t.to(ctx.device) for t in next(data))
         start = time.perf_counter()
@@ -112,19 +118,16 @@ def run_experiment(ctx, config: ExperimentConfig) -> dict:
         loss = loss_fn(ddp(x), y)
         probe.start_step()
         backward(loss)
-        probe.end_backward()
-        row, layer_rows = probe.measure()
+        record = probe.end_step(loss)
         optimizer.step()
-        elapsed = time.perf_counter() - start
-        global_loss = loss.detach().double().clone()
-        dist.all_reduce(global_loss)
-        row = {"step": step, "loss": global_loss.item() / ctx.world_size, **row, "step_time_s": elapsed}
+        record.update(step=step, step_time_s=time.perf_counter() - start)
         if task.test is not None and config.eval_every and (step + 1) % config.eval_every == 0:
-            row["accuracy"] = accuracy(task.model, task.test, ctx.device)
-        steps.append(row)
-        layers.extend({"step": step, **r} for r in layer_rows)
+            record["accuracy"] = accuracy(task.model, task.test, ctx.device)
+        if probe.should_flush():
+            flush()
         if ctx.is_main:
-            ctx.report(step=step + 1, steps=config.steps, loss=row["loss"], rel_error=row.get("rel_error"))
+            ctx.report(step=step + 1, steps=config.steps, loss_rank0=loss.item())
+    flush()
     digest = param_digest(task.model)
     if not ctx.is_main:
         return {"rank": ctx.rank, "param_digest": digest}
@@ -138,3 +141,8 @@ def run_experiment(ctx, config: ExperimentConfig) -> dict:
                 "python": platform.python_version(), "device": str(ctx.device),
                 "task": task.description},
     }
+
+
+def run_experiments(ctx, configs: list[ExperimentConfig]) -> list[dict]:
+    """Several experiments in one process group (under torchrun, where re-joining is costly)."""
+    return [run_experiment(ctx, config) for config in configs]

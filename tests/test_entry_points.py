@@ -1,6 +1,7 @@
 """The ways in: a function from a notebook cell, the CLI, and torchrun on a real cluster."""
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -32,9 +33,18 @@ def test_a_function_defined_in_a_notebook_cell_runs_under_spawn(tmp_path):
     assert texts[4] == "WorkerError 0 rank 0 raised KeyError: 'from a cell'\n"
 
 
-def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a command in its own session; on timeout end the whole session (torchrun's ranks too)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{cmd} did not finish in {timeout} s\n{out}\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def test_main_job_selfcheck_prints_the_agreed_value():
@@ -58,3 +68,33 @@ def test_launch_from_env_explains_what_is_missing(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(RuntimeError, match="torchrun --nproc-per-node"):
         launch_from_env(print)
+
+
+def test_main_job_compares_hooks_and_writes_its_outputs(tmp_path):
+    out = _run([sys.executable, "-m", "commhooks_lab", "--steps", "4", "--quiet", "--out", str(tmp_path)])
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    table = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in
+             ("allreduce", "fp16", "bf16", "power_sgd", "batched_power_sgd", "noop")}
+    assert set(table) == {"allreduce", "fp16", "bf16", "power_sgd", "batched_power_sgd", "noop"}
+    assert float(table["allreduce"][1]) < 1e-6 and float(table["fp16"][1]) <= 2**-11
+    assert "TypeError: BF16 all reduce communication hook required CUDA" in out.stdout
+    assert (tmp_path / "overview.png").stat().st_size > 10_000
+    import commhooks_lab
+
+    assert len(commhooks_lab.load(tmp_path / "results")) == 7
+
+
+def test_main_job_reports_bad_options_without_a_traceback():
+    out = _run([sys.executable, "-m", "commhooks_lab", "--hooks", "fp61", "--quiet", "--out", ""])
+    assert out.returncode == 2
+    assert "did you mean 'fp16'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_main_job_runs_under_torchrun():
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    out = _run([torchrun, "--nproc-per-node", "2", "-m", "commhooks_lab", "--hooks", "allreduce", "fp16",
+                "--steps", "3", "--out", ""])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("2 hooks, 2 ranks, 3 steps") == 1
+    assert "fp16" in out.stdout
