@@ -25,6 +25,7 @@ _EXPORTS = {
     "load": "result",
     "available_hooks": "hooks",
     "Task": "models",
+    "HookLab": "widgets",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -64,9 +64,14 @@ def gradient_agreement(result: Result) -> Figure:
     fig, (ax_spread, ax_scatter) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     s = result.steps
     ax_spread.plot(s["step"], s["rank_spread"], marker="o")
-    ax_spread.set(yscale="symlog", xlabel="step", ylabel="rank_spread = max |h_r - h_0|",
+    ax_spread.set(xlabel="step", ylabel="rank_spread = max |h_r - h_0|",
                   title="Do all ranks agree? (0 = DDP's invariant)")
-    ax_spread.set_ylim(bottom=0)
+    if s["rank_spread"].max() > 0:
+        ax_spread.set_yscale("log")
+    else:
+        ax_spread.set_ylim(-0.05, 1)
+        ax_spread.text(0.5, 0.5, "every rank holds the same gradient\n(rank_spread = 0 at every step)",
+                       ha="center", transform=ax_spread.transAxes)
     sample = result.sample
     if sample:
         exact, hook = np.asarray(sample["exact"]), np.asarray(sample["hook"])

@@ -1,0 +1,159 @@
+"""Plots return the figures they promise; the dashboard does what its controls say."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import commhooks_lab as lab  # noqa: E402
+from commhooks_lab import plots  # noqa: E402
+from commhooks_lab.widgets import HookLab  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def results():
+    ef = {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2}
+    no_ef = {**ef, "use_error_feedback": False, "warm_start": False}
+    return lab.compare(["allreduce", "fp16", "bf16", {"hook": "power_sgd", "state_options": ef},
+                        {"hook": "power_sgd", "state_options": no_ef, "label": "power_sgd r1 no EF"}, "noop"],
+                       steps=4)
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+def test_error_per_step_has_one_line_per_hook_on_log_axes(results):
+    fig = plots.error_per_step(results)
+    assert len(fig.axes) == 2
+    for ax in fig.axes:
+        assert len(ax.get_lines()) == len(results) and ax.get_yscale() == "log"
+    assert "rel_error" in fig.axes[0].get_ylabel() and "cosine" in fig.axes[1].get_ylabel()
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [r.name for r in results]
+
+
+def test_layer_heatmap_has_a_row_per_layer_and_a_column_per_step(results):
+    result = results.by_name("fp16")
+    fig = plots.layer_heatmap(result)
+    image = fig.axes[0].get_images()[0]
+    assert image.get_array().shape == (4, 4)  # MLP: 2 weights + 2 biases, 4 steps
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert len(fig.axes) == 2  # the colour bar
+    assert "log" in fig.axes[1].get_ylabel()
+
+
+def test_gradient_agreement_shows_the_spread_and_every_sampled_element(results):
+    fig = plots.gradient_agreement(results.by_name("noop"))
+    spread_ax, scatter_ax = fig.axes
+    assert spread_ax.get_yscale() == "log"  # noop: the ranks disagree
+    assert len(scatter_ax.collections[0].get_offsets()) == 128 * 64
+    fig = plots.gradient_agreement(results.by_name("allreduce"))
+    assert "same gradient" in fig.axes[0].texts[0].get_text()
+
+
+def test_tradeoff_places_every_hook_that_sends_bytes(results):
+    ax = plots.tradeoff(results).axes[0]
+    assert len(ax.collections) == len(results) - 1  # noop sends nothing
+    assert ax.get_xscale() == ax.get_yscale() == "log"
+    assert "noop" not in [t.get_text() for t in ax.texts]
+
+
+def test_loss_curves_draw_the_baseline_dashed(results):
+    ax = plots.loss_curves(results).axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {r.name for r in results}
+    assert lines["allreduce"].get_linestyle() == "--"
+    np.testing.assert_array_equal(lines["fp16"].get_ydata(), results.by_name("fp16").steps["loss"])
+
+
+def test_precision_histogram_marks_both_unit_roundoffs(results):
+    ax = plots.precision_histogram([results.by_name("fp16"), results.by_name("bf16")]).axes[0]
+    assert len(ax.patches) == 2
+    marks = sorted(line.get_xdata()[0] for line in ax.get_lines())
+    assert marks == [2**-11, 2**-8]
+
+
+def test_singular_values_draw_the_spectrum_and_the_rank_cuts(results):
+    ax = plots.singular_values(results.by_name("fp16"), ranks=(1, 4)).axes[0]
+    spectrum, *cuts = ax.get_lines()
+    assert len(spectrum.get_xdata()) == 64  # min(128, 64)
+    assert [c.get_xdata()[0] for c in cuts] == [1, 4]
+    assert np.all(np.diff(spectrum.get_ydata()) <= 0)
+
+
+def test_cumulative_error_compares_error_feedback(results):
+    ef, no_ef = results.by_name("power_sgd r1"), results.by_name("power_sgd r1 no EF")
+    ax = plots.cumulative_error([ef, no_ef]).axes[0]
+    assert [line.get_label() for line in ax.get_lines()] == ["power_sgd r1", "power_sgd r1 no EF"]
+
+
+@pytest.fixture
+def dashboard():
+    board = HookLab(steps=4)
+    yield board
+    board.close()
+
+
+def test_the_dashboard_runs_exactly_what_its_controls_say(dashboard):
+    dashboard.hook.value = "power_sgd"
+    dashboard.rank.value, dashboard.start_iter.value = 2, 3
+    dashboard.error_feedback.value, dashboard.warm_start.value = False, False
+    dashboard.min_rate.value = 1.5
+    dashboard.wrapper.value = "fp16"
+    dashboard.run_button.click()
+    assert dashboard.error.value == ""
+    (result,) = dashboard.results
+    assert result.config["hook"] == "power_sgd" and result.config["wrapper"] == "fp16"
+    assert result.config["state_options"] == {"matrix_approximation_rank": 2, "start_powerSGD_iter": 3,
+                                              "use_error_feedback": False, "warm_start": False,
+                                              "min_compression_rate": 1.5}
+    payload = list(result.steps["payload_bytes"])  # fp16 halves from the start; PowerSGD from step 3
+    assert payload[0] == payload[2] == result.steps["uncompressed_bytes"].iloc[0] // 2 > payload[3]
+    assert dashboard.progress.value == dashboard.progress.max == 4
+    assert bytes(dashboard.plot.value).startswith(PNG) and bytes(dashboard.agreement.value).startswith(PNG)
+    assert "fp16_wrapper(power_sgd) r2" in dashboard.table.value
+    assert not plt.get_fignums()  # the dashboard leaves no figure open
+
+
+def test_a_bad_option_shows_its_message_and_the_dashboard_stays_usable(dashboard):
+    dashboard.hook.value = "power_sgd"
+    dashboard.rank.value = 0
+    dashboard.run_button.click()
+    assert "matrix_approximation_rank must be an int &gt;= 1, got 0" in dashboard.error.value
+    assert dashboard.status.value.startswith("failed") and not dashboard.results
+    assert dashboard.cluster is None  # refused before any process started
+    dashboard.rank.value = 1
+    dashboard.run_button.click()
+    assert dashboard.error.value == "" and len(dashboard.results) == 1
+    pids = dashboard.cluster.pids
+    dashboard.hook.value = "fp16"
+    dashboard.run_button.click()
+    assert dashboard.cluster.pids == pids and len(dashboard.results) == 2  # the ranks stayed warm
+    assert "1. power_sgd r1" in dashboard.table.value and "2. fp16" in dashboard.table.value
+
+
+def test_controls_follow_the_hook(dashboard):
+    dashboard.hook.value = "fp16"
+    assert dashboard.powersgd_box.layout.display == "none"
+    dashboard.hook.value = "batched_power_sgd"
+    assert dashboard.powersgd_box.layout.display == ""
+    dashboard.wrapper.value = "bf16"
+    dashboard.hook.value = "no"
+    assert dashboard.wrapper.disabled and dashboard.wrapper.value == "no"
+    assert "quantization_pertensor_hook" in dashboard.widget.children[1].children[-1].value
+
+
+def test_changing_world_size_restarts_the_ranks(dashboard):
+    dashboard.run_button.click()
+    first = dashboard.cluster.pids
+    dashboard.world_size.value = 3
+    dashboard.run_button.click()
+    assert len(dashboard.cluster.pids) == 3 and not set(first) & set(dashboard.cluster.pids)
+    assert dashboard.results[-1].env["world_size"] == 3
