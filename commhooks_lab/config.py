@@ -67,6 +67,8 @@ class ExperimentConfig:
         if self.api not in APIS:
             raise ValueError(f"unknown api {self.api!r}; choose 'torch' (register_comm_hook) or 'accelerate' "
                              "(DistributedDataParallelKwargs)")
+        if self.api == "accelerate":
+            _check_accelerate(choice)
         return choice
 
     @property
@@ -86,7 +88,21 @@ class ExperimentConfig:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             value = getattr(value, "value", value)  # enum members
-            if callable(value):
+            if hasattr(value, "encode") and hasattr(value, "decode"):  # a compressor
+                value = f"compressor:{value.name}"
+            elif callable(value):
                 value = f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}"
             out[f.name] = value
         return out
+
+
+def _check_accelerate(choice: HookChoice) -> None:
+    from .accelerate_path import ACCELERATE_HOOKS
+
+    if not choice.is_builtin or choice.hook not in ACCELERATE_HOOKS:
+        raise ValueError(f"api='accelerate' takes the hooks Accelerate's DDPCommunicationHookType names, "
+                         f"{list(ACCELERATE_HOOKS)}; {choice.name} has no Accelerate form (use api='torch')")
+    try:
+        import accelerate  # noqa: F401
+    except ImportError as exc:
+        raise ValueError("api='accelerate' needs Accelerate: pip install 'commhooks_lab[accelerate]'") from exc

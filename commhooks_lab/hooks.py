@@ -76,9 +76,12 @@ class HookChoice:
     wrapper: str = "no"
     state_options: tuple = ()  # sorted (key, value) pairs, so the dataclass stays hashable
     state_factory: Any = None  # user hooks: callable(process_group, **state_options) -> state
+    label: str | None = None  # a compressor's name
 
     @property
     def name(self) -> str:
+        if self.label:
+            return self.label
         base = self.hook if isinstance(self.hook, str) else getattr(self.hook, "__name__", "custom")
         return base if self.wrapper == "no" else f"{self.wrapper}_wrapper({base})"
 
@@ -94,10 +97,19 @@ class HookChoice:
 def check_hook_choice(hook: Any = "allreduce", wrapper: Any = "no", state_options: dict | None = None,
                       state_factory: Callable | None = None) -> HookChoice:
     """Validate before any process starts; every message says what to do instead."""
+    from .compressors import Compressor, compressor_hook, make_state
+
     hook, wrapper = _normalize(hook), _normalize(wrapper)
     options = dict(state_options or {})
     if wrapper is None:
         wrapper = "no"
+    if isinstance(hook, Compressor):
+        if wrapper not in ("no",):
+            raise ValueError(f"the compressor {hook.name} makes its own payload; drop wrapper={wrapper!r}")
+        unknown = set(options) - {"seed"}
+        if unknown or state_factory is not None:
+            raise ValueError(f"a compressor takes only state_options={{'seed': int}}, got {sorted(options)}")
+        return HookChoice(compressor_hook, "no", tuple(sorted(options.items())), make_state(hook), hook.name)
     if wrapper not in WRAPPERS:
         raise ValueError(f"unknown wrapper {wrapper!r}; choose one of {list(WRAPPERS)}{_suggest(str(wrapper), WRAPPERS)}")
     if hook is None:

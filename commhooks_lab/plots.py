@@ -2,7 +2,7 @@
 none calls ``plt.show()`` (a notebook cell does, so that nbval sees a stable output)."""
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -10,6 +10,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .result import Result
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FP16_UNIT_ROUNDOFF = 2.0**-11
 BF16_UNIT_ROUNDOFF = 2.0**-8
@@ -170,4 +173,33 @@ def overview(results: Iterable[Result]) -> Figure:
     fig, (ax_err, ax_trade) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
     _draw_per_step(ax_err, results, lambda r: r.steps["rel_error"], "rel_error", "Error per step")
     _draw_tradeoff(ax_trade, results)
+    return fig
+
+
+def convergence(results: Iterable[Result], baseline: str | None = "allreduce") -> Figure:
+    """Loss and test accuracy per step, same seeds: does the hook still train?"""
+    results = _list(results)
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
+    for r in results:
+        style = {"linestyle": "--", "color": "black"} if r.name == baseline else {}
+        ax_loss.plot(r.steps["step"], r.steps["loss"], label=r.name, **style)
+        evals = r.steps.dropna(subset=["accuracy"])
+        ax_acc.plot(evals["step"], evals["accuracy"], marker=".", label=r.name, **style)
+    ax_loss.set(yscale="log", xlabel="step", ylabel="training loss (mean over ranks)", title="Loss")
+    ax_acc.set(xlabel="step", ylabel="test accuracy", title="Accuracy on held-out digits", ylim=(0, 1))
+    ax_acc.legend(fontsize="small", ncols=2)
+    return fig
+
+
+def network_time(model: "pd.DataFrame", world_size: int) -> Figure:
+    """Modelled time per step against bandwidth (log-log), one line per hook, at one world size."""
+    table = model[model["world_size"] == world_size]
+    fig, ax = plt.subplots(figsize=(7.5, 5), constrained_layout=True)
+    for name, rows in table.groupby("hook", sort=False):
+        style = {"linestyle": "--", "color": "black"} if name == "allreduce" else {}
+        ax.plot(rows["bandwidth_gbps"], rows["step_ms"], marker="o", label=name, **style)
+    ax.set(xscale="log", yscale="log", xlabel="link bandwidth (Gbit/s)", ylabel="modelled time per step (ms)",
+           title=f"{world_size} ranks: where each hook pays off (alpha-beta model)")
+    ax.legend(fontsize="small")
+    ax.grid(True, alpha=0.3)
     return fig

@@ -52,6 +52,7 @@ class PayloadCounter:
         self.payload_bytes = 0
         self.ring_bytes = 0.0
         self.calls: dict[str, int] = {}
+        self.bytes_by_op: dict[str, int] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -78,6 +79,7 @@ class PayloadCounter:
                         self.payload_bytes += size
                         self.ring_bytes += ring_factor(world) * size
                         self.calls[name] = self.calls.get(name, 0) + 1
+                        self.bytes_by_op[name] = self.bytes_by_op.get(name, 0) + size
             return original(*args, **kwargs)
 
         collective.__wrapped__ = original
@@ -86,7 +88,7 @@ class PayloadCounter:
 
     def reset(self) -> None:
         with self._lock:
-            self.payload_bytes, self.ring_bytes, self.calls = 0, 0.0, {}
+            self.payload_bytes, self.ring_bytes, self.calls, self.bytes_by_op = 0, 0.0, {}, {}
 
 
 class Probe:
@@ -153,8 +155,12 @@ class Probe:
     def end_step(self, loss: torch.Tensor) -> dict:
         """Call right after ``backward()``: stop counting, keep copies. Returns the step's record."""
         self.counter.active = False
-        payload = self.counter.payload_bytes
-        record = {"payload_bytes": payload, "ring_bytes": self.counter.ring_bytes,
+        payload, counter = self.counter.payload_bytes, self.counter
+        gather_ops = ("all_gather", "all_gather_into_tensor")
+        record = {"payload_bytes": payload, "ring_bytes": counter.ring_bytes,
+                  "allgather_bytes": sum(counter.bytes_by_op.get(op, 0) for op in gather_ops),
+                  "allgather_calls": sum(counter.calls.get(op, 0) for op in gather_ops),
+                  "collective_calls": sum(counter.calls.values()),
                   "uncompressed_bytes": self.uncompressed_bytes, "buckets": self.buckets,
                   "compressing": bool(0 < payload < self.uncompressed_bytes), "_loss": loss.detach().double().item()}
         if self.measure_enabled:

@@ -6,12 +6,15 @@ import hashlib
 import math
 import platform
 import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .config import ExperimentConfig
+from .data import rank_batches
 from .hooks import BATCHED_POWER_SGD_NOTE, BF16_HOOK_NAMES, build_hook, registration_refusal
 from .models import build_task
 from .probe import Probe
@@ -29,21 +32,6 @@ def param_digest(model: torch.nn.Module) -> str:
     for p in model.parameters():
         digest.update(p.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
-
-
-def batches(dataset, ctx, config: ExperimentConfig):
-    """Endless per-rank batches, sharded and reshuffled per epoch exactly as DistributedSampler does."""
-    sampler = torch.utils.data.distributed.DistributedSampler(
-        dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=config.seed, drop_last=True)
-    if len(sampler) < config.batch_size:
-        raise ValueError(f"batch_size={config.batch_size} is larger than the {len(sampler)} samples each of the "
-                         f"{ctx.world_size} ranks holds; lower batch_size or world_size")
-    loader = torch.utils.data.DataLoader(dataset, batch_size=config.batch_size, sampler=sampler, drop_last=True)
-    epoch = 0
-    while True:
-        sampler.set_epoch(epoch)
-        yield from loader
-        epoch += 1
 
 
 @torch.no_grad()
@@ -72,21 +60,39 @@ def hook_notes(config: ExperimentConfig, choice, hook, refusal: str | None) -> l
     return notes
 
 
-def setup_torch_ddp(ctx, config: ExperimentConfig, task, probe: Probe, choice):
-    """Plain PyTorch: ``DDP(model)`` then ``register_comm_hook(state, hook)``, the hook inside the probe."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+@dataclass
+class Setup:
+    """What a training loop needs, however DDP was set up."""
 
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    state: Any
+    notes: list
+    backward: Callable
+    batches: Iterator
+
+
+def setup_torch_ddp(ctx, config: ExperimentConfig, task, probe: Probe, choice) -> Setup:
+    """Plain PyTorch: ``DDP(model)`` then ``register_comm_hook(state, hook)``, the hook inside the probe."""
     device_ids = [ctx.device] if ctx.device.type == "cuda" else None
     ddp = DDP(task.model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)
     hook, state = build_hook(choice)
     refusal = registration_refusal(ddp, hook) if hook is not None else None
     notes = hook_notes(config, choice, hook, refusal)
+    register_probed(ddp, probe, hook, state, ctx, config)
+    optimizer = make_optimizer(config.optimizer, ddp.parameters(), config.lr)
+    data = rank_batches(task.train, ctx.rank, ctx.world_size, config.batch_size, config.seed)
+    return Setup(ddp, optimizer, state, notes, torch.Tensor.backward, data)
+
+
+def register_probed(ddp, probe: Probe, hook, state, ctx, config: ExperimentConfig, register=None) -> None:
+    """Register ``hook`` inside the probe; with no hook, measure DDP's allreduce through allreduce_hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
     if hook is None and config.probe:
         hook, state = default_hooks.allreduce_hook, None
     if hook is not None:
-        ddp.register_comm_hook(state, probe.wrap(hook, wait=ctx.backend == "gloo"))
-    optimizer = make_optimizer(config.optimizer, ddp.parameters(), config.lr)
-    return ddp, optimizer, state, notes
+        (register or ddp.register_comm_hook)(state, probe.wrap(hook, wait=ctx.backend == "gloo"))
 
 
 def run_experiment(ctx, config: ExperimentConfig) -> dict:
@@ -98,12 +104,10 @@ def run_experiment(ctx, config: ExperimentConfig) -> dict:
     if config.api == "accelerate":
         from .accelerate_path import setup_accelerate_ddp
 
-        ddp, optimizer, state, notes, backward = setup_accelerate_ddp(ctx, config, task, probe, choice)
+        setup = setup_accelerate_ddp(ctx, config, task, probe, choice)
     else:
-        ddp, optimizer, state, notes = setup_torch_ddp(ctx, config, task, probe, choice)
-        backward = torch.Tensor.backward
+        setup = setup_torch_ddp(ctx, config, task, probe, choice)
     loss_fn = task.loss_fn()
-    data = batches(task.train, ctx, config)
     steps, layers = [], []
 
     def flush() -> None:
@@ -112,14 +116,14 @@ def run_experiment(ctx, config: ExperimentConfig) -> dict:
         layers.extend(layer_rows)
 
     for step in range(config.steps):
-        x, y = (t.to(ctx.device) for t in next(data))
+        x, y = (t.to(ctx.device) for t in next(setup.batches))
         start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(x), y)
+        setup.optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(setup.model(x), y)
         probe.start_step()
-        backward(loss)
+        setup.backward(loss)
         record = probe.end_step(loss)
-        optimizer.step()
+        setup.optimizer.step()
         record.update(step=step, step_time_s=time.perf_counter() - start)
         if task.test is not None and config.eval_every and (step + 1) % config.eval_every == 0:
             record["accuracy"] = accuracy(task.model, task.test, ctx.device)
@@ -132,10 +136,10 @@ def run_experiment(ctx, config: ExperimentConfig) -> dict:
     if not ctx.is_main:
         return {"rank": ctx.rank, "param_digest": digest}
     final_accuracy = accuracy(task.model, task.test, ctx.device) if task.test is not None else math.nan
-    powersgd_iter = getattr(state, "iter", None)
+    powersgd_iter = getattr(setup.state, "iter", None)
     sample = probe.sample(config.sample_layer) if config.probe else None
     return {
-        "rank": 0, "param_digest": digest, "steps": steps, "layers": layers, "notes": notes, "sample": sample,
+        "rank": 0, "param_digest": digest, "steps": steps, "layers": layers, "notes": setup.notes, "sample": sample,
         "final": {"loss": steps[-1]["loss"], "accuracy": final_accuracy, "powersgd_iter": powersgd_iter},
         "env": {"torch": torch.__version__, "backend": ctx.backend, "world_size": ctx.world_size,
                 "python": platform.python_version(), "device": str(ctx.device),

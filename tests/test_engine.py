@@ -8,6 +8,7 @@ import pytest
 import _workers
 import commhooks_lab as lab
 from commhooks_lab import ExperimentConfig
+from commhooks_lab.compressors import TopK
 from commhooks_lab.models import LOWRANK_TRUE_RANK, build_task
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
@@ -186,6 +187,8 @@ def test_a_cluster_of_another_size_is_refused(cluster):
     ({"optimizer": "lion"}, "unknown optimizer"),
     ({"world_size": 0}, "at least 1"),
     ({"api": "jax"}, "unknown api"),
+    ({"hook": TopK(0.01), "wrapper": "fp16"}, "makes its own payload"),
+    ({"hook": TopK(0.01), "state_options": {"rank": 2}}, "takes only state_options"),
 ])
 def test_invalid_options_are_refused_before_any_process_starts(changes, text):
     before = {p.pid for p in psutil.Process().children(recursive=True)}

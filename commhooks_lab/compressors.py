@@ -1,0 +1,299 @@
+"""A compressor zoo beyond PyTorch's hooks, each a few lines behind one small interface.
+
+A compressor turns one gradient tensor into a *payload* (a list of tensors: values, indices,
+scales, bits) and back. It says how payloads meet: ``summable`` payloads (the same indices on
+every rank) are all-reduced, the rest are all-gathered and decoded rank by rank. ``as_hook``
+turns any compressor into a DDP communication hook, and :class:`ErrorFeedback` wraps any
+compressor with a per-parameter memory of what it failed to send (Seide et al. 2014;
+Karimireddy et al. 2019), so every compressor can be compared with and without it.
+
+The payload is what is really sent: indices, scales and packed bits count; all-gathered
+copies show in ``ring_bytes`` ((W-1) x payload per rank).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Where:
+    """Which tensor is being compressed, and when: seeds randomness reproducibly."""
+
+    key: int  # the parameter's position among those the hook has seen (the same on every rank)
+    step: int
+    rank: int
+    seed: int = 0
+
+    def generator(self, shared: bool) -> torch.Generator:
+        """``shared``: the same stream on every rank (random-k's indices); else per rank (dithering)."""
+        rank = 0 if shared else self.rank + 1
+        return torch.Generator().manual_seed(hash((self.seed, self.step, self.key, rank)) % (2**63))
+
+
+class Compressor:
+    """encode(x) -> payload tensors; decode(payload) -> a tensor shaped like x."""
+
+    name = "identity"
+    summable = False  # can payloads from different ranks be summed element-wise?
+
+    def encode(self, x: torch.Tensor, where: Where) -> list[torch.Tensor]:
+        return [x.clone()]
+
+    def decode(self, payload: list[torch.Tensor], like: torch.Tensor, where: Where) -> torch.Tensor:
+        return payload[0].view_as(like)
+
+    def __repr__(self) -> str:
+        return f"<compressor {self.name}>"
+
+
+def _k(numel: int, ratio: float) -> int:
+    return max(1, min(numel, math.ceil(ratio * numel)))
+
+
+def _scatter(values: torch.Tensor, indices: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(like.numel(), dtype=like.dtype)
+    out[indices.long()] = values
+    return out.view_as(like)
+
+
+class TopK(Compressor):
+    """Send the k = ratio x numel largest-magnitude entries: values and their int32 indices."""
+
+    def __init__(self, ratio: float = 0.01):
+        if not 0 < ratio <= 1:
+            raise ValueError(f"TopK ratio must be in (0, 1], got {ratio}")
+        self.ratio, self.name = ratio, f"topk {ratio:.0%}"
+
+    def encode(self, x, where):
+        flat = x.reshape(-1)
+        indices = flat.abs().topk(_k(flat.numel(), self.ratio), sorted=False).indices
+        return [flat[indices].clone(), indices.to(torch.int32)]
+
+    def decode(self, payload, like, where):
+        return _scatter(payload[0], payload[1], like)
+
+
+class RandomK(Compressor):
+    """Send k random entries; every rank draws the same indices from a shared seed, so only
+    the values travel and they can be all-reduced."""
+
+    summable = True
+
+    def __init__(self, ratio: float = 0.01):
+        if not 0 < ratio <= 1:
+            raise ValueError(f"RandomK ratio must be in (0, 1], got {ratio}")
+        self.ratio, self.name = ratio, f"randomk {ratio:.0%}"
+
+    def _indices(self, numel, where):
+        return torch.randperm(numel, generator=where.generator(shared=True))[:_k(numel, self.ratio)]
+
+    def encode(self, x, where):
+        return [x.reshape(-1)[self._indices(x.numel(), where)].clone()]
+
+    def decode(self, payload, like, where):
+        return _scatter(payload[0], self._indices(like.numel(), where), like)
+
+
+def pack_signs(x: torch.Tensor) -> torch.Tensor:
+    """One bit per entry (1 for x >= 0), eight to a byte."""
+    bits = (x.reshape(-1) >= 0).to(torch.uint8)
+    bits = torch.cat([bits, bits.new_zeros(-len(bits) % 8)]).view(-1, 8)
+    weights = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
+    return (bits * weights).sum(dim=1, dtype=torch.uint8)
+
+
+def unpack_signs(packed: torch.Tensor, numel: int) -> torch.Tensor:
+    weights = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
+    bits = (packed.view(-1, 1) & weights).ne(0).view(-1)[:numel]
+    return bits.to(torch.float32) * 2 - 1
+
+
+class ScaledSign(Compressor):
+    """sign(x) x mean|x|: one bit per entry plus one float (EF-SignSGD when wrapped in ErrorFeedback)."""
+
+    name = "sign"
+
+    def encode(self, x, where):
+        return [pack_signs(x), x.abs().mean().reshape(1)]
+
+    def decode(self, payload, like, where):
+        return (unpack_signs(payload[0], like.numel()) * payload[1]).view_as(like).to(like.dtype)
+
+
+class QSGD(Compressor):
+    """Alistarh et al. 2017: ||x|| sign(x) xi/s, with xi stochastically rounded to s levels; unbiased."""
+
+    def __init__(self, levels: int = 16):
+        if not 1 <= levels <= 127:
+            raise ValueError(f"QSGD levels must be in 1..127 (one signed byte per entry), got {levels}")
+        self.levels, self.name = levels, f"qsgd s={levels}"
+
+    def encode(self, x, where):
+        norm = x.norm()
+        if norm == 0:
+            return [torch.zeros(x.numel(), dtype=torch.int8), norm.reshape(1)]
+        scaled = x.reshape(-1).abs() / norm * self.levels
+        lower = scaled.floor()
+        up = torch.rand(scaled.shape, generator=where.generator(shared=False)) < (scaled - lower)
+        level = (lower + up).to(torch.int8) * x.reshape(-1).sign().to(torch.int8)
+        return [level, norm.reshape(1)]
+
+    def decode(self, payload, like, where):
+        return (payload[0].to(like.dtype) * payload[1] / self.levels).view_as(like)
+
+
+class TernGrad(Compressor):
+    """Wen et al. 2017: max|x| sign(x) b, b ~ Bernoulli(|x| / max|x|); one of {-1, 0, 1} per entry, unbiased."""
+
+    name = "terngrad"
+
+    def encode(self, x, where):
+        flat = x.reshape(-1)
+        scale = flat.abs().max()
+        if scale == 0:
+            return [torch.zeros(flat.numel(), dtype=torch.int8), scale.reshape(1)]
+        keep = torch.rand(flat.shape, generator=where.generator(shared=False)) < flat.abs() / scale
+        return [(flat.sign() * keep).to(torch.int8), scale.reshape(1)]
+
+    def decode(self, payload, like, where):
+        return (payload[0].to(like.dtype) * payload[1]).view_as(like)
+
+
+class Int8PerChannel(Compressor):
+    """Affine 8-bit codes with a float32 minimum and step per output channel (row); CPU-friendly,
+    unlike PyTorch's quantization hooks, which hard-code CUDA."""
+
+    name = "int8 per-channel"
+
+    def encode(self, x, where):
+        rows = x.reshape(x.shape[0] if x.dim() > 1 else 1, -1)
+        low, high = rows.min(dim=1).values, rows.max(dim=1).values
+        step = ((high - low) / 255).clamp_min(torch.finfo(x.dtype).tiny)
+        codes = ((rows - low[:, None]) / step[:, None]).round().clamp(0, 255).to(torch.uint8)
+        return [codes.reshape(-1), low, step]
+
+    def decode(self, payload, like, where):
+        codes, low, step = payload
+        rows = codes.view(len(low), -1).to(like.dtype)
+        return (rows * step[:, None] + low[:, None]).view_as(like)
+
+
+class ErrorFeedback(Compressor):
+    """Remember, per parameter, what the compressor did not send, and add it to the next gradient.
+
+    residual_t = (x_t + residual_{t-1}) - decode(encode(x_t + residual_{t-1}))
+    """
+
+    def __init__(self, inner: Compressor):
+        self.inner = inner
+        self.name = f"{inner.name} + EF"
+        self.summable = inner.summable
+        self.residuals: dict[int, torch.Tensor] = {}
+
+    def encode(self, x, where):
+        corrected = x + self.residuals[where.key] if where.key in self.residuals else x.clone()
+        payload = self.inner.encode(corrected, where)
+        self.residuals[where.key] = corrected - self.inner.decode(payload, corrected, where)
+        return payload
+
+    def decode(self, payload, like, where):
+        return self.inner.decode(payload, like, where)
+
+
+# -- the adapter: any compressor as a DDP communication hook ---------------------------------------
+
+@dataclass
+class CompressorState:
+    """A compressor's hook state: the compressor (with any memory) and the step count."""
+
+    compressor: Compressor
+    process_group: object = None
+    seed: int = 0
+    step: int = 0
+    keys: dict = field(default_factory=dict)
+
+
+def make_state(compressor: Compressor):
+    """A state factory for ExperimentConfig: ``factory(process_group) -> CompressorState``."""
+
+    def factory(process_group=None, **options):
+        return CompressorState(compressor, process_group, **options)
+
+    factory.__name__ = f"state_for_{type(compressor).__name__}"
+    return factory
+
+
+def _by_dtype(tensors: list[torch.Tensor]) -> dict[torch.dtype, torch.Tensor]:
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault(t.dtype, []).append(t.reshape(-1))
+    return {dtype: torch.cat(ts) for dtype, ts in groups.items()}
+
+
+def _split_by_dtype(flat: dict[torch.dtype, torch.Tensor], like: list[torch.Tensor]) -> list[torch.Tensor]:
+    offsets = {dtype: 0 for dtype in flat}
+    out = []
+    for t in like:
+        start = offsets[t.dtype]
+        out.append(flat[t.dtype][start:start + t.numel()].view(t.shape))
+        offsets[t.dtype] = start + t.numel()
+    return out
+
+
+def compressor_hook(state: CompressorState, bucket):
+    """Compress each gradient in the bucket, exchange the payloads, write the decoded mean back.
+
+    One collective per payload dtype. Synchronous: the future it returns is already done.
+    """
+    group = state.process_group
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    compressor = state.compressor
+    grads = bucket.gradients()
+    wheres = []
+    for param in bucket.parameters():
+        key = state.keys.setdefault(id(param), len(state.keys))
+        wheres.append(Where(key, state.step, rank, state.seed))
+    payloads = [compressor.encode(g, where) for g, where in zip(grads, wheres)]
+    flat_payload = [t for payload in payloads for t in payload]
+    packed = _by_dtype(flat_payload)
+    if compressor.summable:
+        for tensor in packed.values():
+            dist.all_reduce(tensor, group=group)
+        summed = _split_by_dtype(packed, flat_payload)
+        decoded = _decode_all(compressor, summed, payloads, grads, wheres)
+        means = [d / world for d in decoded]
+    else:
+        gathered = {dtype: [torch.empty_like(t) for _ in range(world)] for dtype, t in packed.items()}
+        for dtype, tensor in packed.items():
+            dist.all_gather(gathered[dtype], tensor, group=group)
+        means = [torch.zeros_like(g) for g in grads]
+        for r in range(world):
+            theirs = _split_by_dtype({dtype: copies[r] for dtype, copies in gathered.items()}, flat_payload)
+            for mean, d in zip(means, _decode_all(compressor, theirs, payloads, grads, wheres)):
+                mean += d
+        means = [m / world for m in means]
+    for g, mean in zip(grads, means):
+        g.copy_(mean)
+    if bucket.is_last():
+        state.step += 1
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
+def _decode_all(compressor, flat_payload, payloads, grads, wheres):
+    out, i = [], 0
+    for payload, g, where in zip(payloads, grads, wheres):
+        out.append(compressor.decode(flat_payload[i:i + len(payload)], g, where))
+        i += len(payload)
+    return out
+
+
+ZOO = {
+    "topk": TopK, "randomk": RandomK, "sign": ScaledSign, "qsgd": QSGD, "terngrad": TernGrad,
+    "int8": Int8PerChannel,
+}
