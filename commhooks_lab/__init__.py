@@ -10,13 +10,13 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "launch": "launch",
+    "launch": "launcher",
     "Cluster": "cluster",
     "WorkerError": "errors",
     "WorkerTimeoutError": "errors",
     "WorkerContext": "_worker",
     "launch_from_env": "torchrun",
-    "selfcheck": "selfcheck",
+    "selfcheck": "smoke",
     "ExperimentConfig": "config",
     "run": "experiment",
     "compare": "experiment",
@@ -31,7 +31,14 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
+#: Submodules reachable as attributes (``lab.plots.overview``), imported on first use.
+_SUBMODULES = ("plots", "hooks", "compressors", "netmodel", "studies", "exercises", "solutions", "widgets",
+               "models", "probe", "result")
+
+
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'commhooks_lab' has no attribute {name!r}")
@@ -41,4 +48,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(list(globals()) + __all__)
+    return sorted(list(globals()) + __all__ + list(_SUBMODULES))

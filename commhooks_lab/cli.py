@@ -13,7 +13,7 @@ from .torchrun import launch_from_env, under_torchrun
 
 
 def _selfcheck(args: argparse.Namespace) -> int:
-    from .selfcheck import allreduce_rank_plus_one, selfcheck, summarize
+    from .smoke import allreduce_rank_plus_one, selfcheck, summarize
 
     if under_torchrun():
         rows = launch_from_env(allreduce_rank_plus_one)
@@ -49,15 +49,6 @@ def comparison_configs(args: argparse.Namespace):
     return configs
 
 
-def format_table(table) -> str:
-    shown = table.copy()
-    for column, fmt in {"rel_error": "{:.2e}", "cosine": "{:.6f}", "rank_spread": "{:.1e}",
-                        "payload_vs_fp32": "{:.4f}", "final_loss": "{:.4f}", "accuracy": "{:.3f}"}.items():
-        if column in shown:
-            shown[column] = shown[column].map(fmt.format)
-    return shown.to_string()
-
-
 def _compare(args: argparse.Namespace) -> int:
     configs = comparison_configs(args)
     for config in configs:
@@ -78,7 +69,7 @@ def _compare(args: argparse.Namespace) -> int:
         results = compare(configs, progress=not args.quiet)
     print(f"\n{len(configs)} hooks, {configs[0].world_size} ranks, {configs[0].steps} steps of "
           f"{results[0].env['task']}\n")
-    print(format_table(results.table()))
+    print(results.table(formatted=True).to_string())
     notes = results.notes()
     if notes:
         print("\nnotes:")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ._validate import check_launch_options
-from .hooks import HookChoice, check_hook_choice
+from .hooks import POWER_SGD_HOOKS, HookChoice, check_hook_choice
 from .models import resolve_task_factory
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -75,9 +75,10 @@ class ExperimentConfig:
     def name(self) -> str:
         if self.label:
             return self.label
-        name = check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory).name
-        rank = self.state_options.get("matrix_approximation_rank")
-        return f"{name} r{rank}" if rank else name
+        choice = check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory)
+        if choice.is_builtin and choice.hook in POWER_SGD_HOOKS:  # PowerSGD's rank is part of its name
+            return f"{choice.name} r{self.state_options.get('matrix_approximation_rank', 1)}"
+        return choice.name
 
     def replace(self, **changes) -> "ExperimentConfig":
         return dataclasses.replace(self, **changes)

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable
 from .cluster import Cluster
 from .config import ExperimentConfig
 from .hooks import POWER_SGD_HOOKS
-from .launch import launch
+from .launcher import launch
 from .result import Result, ResultSet, from_ranks
 from .worker import run_experiment
 

@@ -13,6 +13,9 @@ from typing import Iterable
 import pandas as pd
 
 FORMAT = "commhooks_lab.Result"
+#: How the summary columns are shown: enough digits to compare hooks, few enough to stay stable.
+SUMMARY_FORMATS = {"rel_error": "{:.2e}", "cosine": "{:.4f}", "rank_spread": "{:.1e}", "payload_vs_fp32": "{:.4f}",
+                   "final_loss": "{:.4f}", "accuracy": "{:.3f}"}
 VERSION = 1
 
 
@@ -90,8 +93,14 @@ class Result:
 class ResultSet(list):
     """Several runs, in the order they ran, with a comparison table."""
 
-    def table(self) -> pd.DataFrame:
-        return pd.DataFrame([r.summary() for r in self]).set_index("hook")
+    def table(self, formatted: bool = False) -> pd.DataFrame:
+        """One row per run (see :meth:`Result.summary`); ``formatted``: numbers as short strings."""
+        table = pd.DataFrame([r.summary() for r in self]).set_index("hook")
+        if formatted:
+            for column, fmt in SUMMARY_FORMATS.items():
+                if column in table:
+                    table[column] = table[column].map(fmt.format)
+        return table
 
     def by_name(self, name: str) -> Result:
         for r in self:

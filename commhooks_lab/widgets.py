@@ -132,7 +132,7 @@ class HookLab:
             self.results.append(result)
             self._render()
             self.status.value = (f"done: <b>{html.escape(result.name)}</b>, rel_error "
-                                 f"{result.summary()['rel_error']:.3g}, {len(self.results)} runs this session")
+                                 f"{result.summary()['rel_error']:.3g}; runs this session: {len(self.results)}")
         except Exception as exc:  # the message belongs in the dashboard, not in a traceback
             self.error.value = (f"<pre style='color:#b00020;white-space:pre-wrap'>"
                                 f"{html.escape(type(exc).__name__)}: {html.escape(str(exc))}</pre>")

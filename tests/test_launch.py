@@ -135,6 +135,9 @@ def test_twenty_launches_leave_no_process_thread_or_socket_behind():
 
 
 def test_package_exports_the_launcher_api():
-    assert commhooks_lab.launch is launch
+    import commhooks_lab.experiment  # noqa: F401  (importing submodules must not shadow the functions)
+    import commhooks_lab.smoke  # noqa: F401
+
+    assert commhooks_lab.launch is launch and callable(commhooks_lab.selfcheck)
     with pytest.raises(AttributeError):
         commhooks_lab.no_such_thing

@@ -16,7 +16,7 @@ def allreduce_rank_plus_one(ctx) -> dict:
 
 def selfcheck(world_size: int = 2, **launch_options) -> dict:
     """Launch ``world_size`` ranks, all-reduce, and check that every rank agrees on W(W+1)/2."""
-    from .launch import launch
+    from .launcher import launch
 
     rows = launch(allreduce_rank_plus_one, world_size=world_size, **launch_options)
     return summarize(rows, world_size)

@@ -1,0 +1,60 @@
+"""The tutorials as a product: every one checked by nbval, with outputs, no errors, few exemptions."""
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+MAX_IGNORED_PER_NOTEBOOK = 2
+
+
+def cells(path: Path, kind: str | None = None) -> list[dict]:
+    return [c for c in json.loads(path.read_text())["cells"] if kind is None or c["cell_type"] == kind]
+
+
+def source(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def test_the_curriculum_is_all_there():
+    topics = ["quickstart", "anatomy_of_a_hook", "fp16_vs_bf16", "powersgd", "accelerate", "dashboard",
+              "write_your_own_hook", "when_compression_pays_off"]
+    names = [p.stem for p in NOTEBOOKS]
+    assert len(names) == len(topics) and all(topic in name for topic, name in zip(topics, names))
+
+
+def test_nbval_runs_every_notebook_in_the_test_command():
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "notebooks" in options["testpaths"] and "--nbval " in options["addopts"] + " "
+    assert "--nbval-sanitize-with tests/nbval_sanitize.cfg" in options["addopts"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_with_outputs_and_without_errors(path):
+    code = cells(path, "code")
+    assert all(c["execution_count"] == i + 1 for i, c in enumerate(code)), "run top to bottom in a clean kernel"
+    assert sum(bool(c["outputs"]) for c in code) >= len(code) // 2
+    errors = [source(c)[:60] for c in code for o in c["outputs"] if o["output_type"] == "error"]
+    assert not errors
+    stderr = [source(c)[:60] for c in code for o in c["outputs"] if o.get("name") == "stderr"]
+    assert not stderr, "warnings in a committed output make nbval flaky"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_ignored_outputs_are_few_and_each_one_is_justified(path):
+    ignored = [source(c).splitlines() for c in cells(path, "code") if "NBVAL_IGNORE_OUTPUT" in source(c)]
+    assert len(ignored) <= MAX_IGNORED_PER_NOTEBOOK
+    for lines in ignored:
+        assert lines[0] == "# NBVAL_IGNORE_OUTPUT" and lines[1].startswith("# Why: "), lines[:2]
+    checked = [c for c in cells(path, "code") if c["outputs"] and "NBVAL_IGNORE_OUTPUT" not in source(c)]
+    assert len(checked) >= 3, "key numbers belong in checked cells"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_each_chapter_reads_like_one(path):
+    text = [source(c) for c in cells(path, "markdown")]
+    assert text[0].startswith("# ") and "**What you'll learn**" in text[0] and "**What you need**" in text[0]
+    assert any(t.startswith("## The idea") for t in text)
+    assert any("## Exercise" in t for t in text)
