@@ -76,8 +76,14 @@ class ExperimentConfig:
         if self.label:
             return self.label
         choice = check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory)
-        if choice.is_builtin and choice.hook in POWER_SGD_HOOKS:  # PowerSGD's rank is part of its name
-            return f"{choice.name} r{self.state_options.get('matrix_approximation_rank', 1)}"
+        if choice.is_builtin and choice.hook in POWER_SGD_HOOKS:  # its rank and switches tell runs apart
+            options = self.state_options
+            name = f"{choice.name} r{options.get('matrix_approximation_rank', 1)}"
+            if not options.get("use_error_feedback", True):
+                name += " no EF"
+            if not options.get("warm_start", True):
+                name += " no warm start"
+            return name
         return choice.name
 
     def replace(self, **changes) -> "ExperimentConfig":

@@ -118,7 +118,7 @@ def test_the_dashboard_runs_exactly_what_its_controls_say(dashboard):
     assert payload[0] == payload[2] == result.steps["uncompressed_bytes"].iloc[0] // 2 > payload[3]
     assert dashboard.progress.value == dashboard.progress.max == 4
     assert bytes(dashboard.plot.value).startswith(PNG) and bytes(dashboard.agreement.value).startswith(PNG)
-    assert "fp16_wrapper(power_sgd) r2" in dashboard.table.value
+    assert "fp16_wrapper(power_sgd) r2 no EF no warm start" in dashboard.table.value
     assert not plt.get_fignums()  # the dashboard leaves no figure open
 
 
