@@ -225,7 +225,7 @@ def patch_batched_orthogonalize() -> bool:
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 
     original = powersgd._orthogonalize
-    if getattr(original, "_lab_patched", False) or not batched_orthogonalize_is_broken():
+    if batched_fix_active() or not batched_orthogonalize_is_broken():
         return False
 
     def _orthogonalize(matrices, epsilon=0):
@@ -236,6 +236,13 @@ def patch_batched_orthogonalize() -> bool:
     _orthogonalize._lab_patched = True
     powersgd._orthogonalize = _orthogonalize
     return True
+
+
+def batched_fix_active() -> bool:
+    """Has :func:`patch_batched_orthogonalize` patched this process's PyTorch?"""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    return getattr(powersgd._orthogonalize, "_lab_patched", False)
 
 
 def registration_refusal(ddp_model, hook: Callable) -> str | None:

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .config import ExperimentConfig
 from .data import rank_batches
-from .hooks import BATCHED_POWER_SGD_NOTE, BF16_HOOK_NAMES, build_hook, registration_refusal
+from .hooks import BATCHED_POWER_SGD_NOTE, BF16_HOOK_NAMES, batched_fix_active, build_hook, registration_refusal
 from .models import build_task
 from .probe import Probe
 
@@ -52,7 +52,7 @@ def hook_notes(config: ExperimentConfig, choice, hook, refusal: str | None) -> l
             "DDP refuses bf16 hooks by name unless PyTorch has CUDA 11+ and NCCL 2.10+ (or XPU with XCCL). "
             "gloo reduces bfloat16 fine, so the lab registered the same arithmetic inside its probe to measure it; "
             "on CUDA with NCCL >= 2.10 your own register_comm_hook call works as written.")
-    if choice.is_builtin and choice.hook == "batched_power_sgd":
+    if choice.is_builtin and choice.hook == "batched_power_sgd" and batched_fix_active():
         notes.append(BATCHED_POWER_SGD_NOTE)
     if choice.is_builtin and choice.hook == "no" and config.probe:
         notes.append("no: DDP's built-in allreduce runs in C++ where Python cannot see it; the probe measured it "
