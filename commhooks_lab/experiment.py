@@ -45,11 +45,12 @@ def never_compressed_note(config: ExperimentConfig, result: Result) -> str | Non
         default = " (PyTorch's default)" if "start_powerSGD_iter" not in options else ""
         why = (f"start_powerSGD_iter={start}{default} >= steps={config.steps}, and PowerSGD runs plain "
                "allreduce before that step")
+        fix = "Set state_options={'start_powerSGD_iter': 2} (Accelerate: comm_state_option) to compress."
     else:
-        why = (f"no gradient matrix passed min_compression_rate={options.get('min_compression_rate', 2)} "
-               "at this rank")
-    return (f"{choice.hook} never compressed in {config.steps} steps: {why}. Every number here is plain "
-            "allreduce. Set state_options={'start_powerSGD_iter': 2} (Accelerate: comm_state_option) to compress.")
+        rate = options.get("min_compression_rate", 2)
+        why = f"no gradient matrix passed min_compression_rate={rate} at this rank"
+        fix = "Lower min_compression_rate or matrix_approximation_rank to compress."
+    return f"{choice.hook} never compressed in {config.steps} steps: {why}. Every number here is plain allreduce. {fix}"
 
 
 class _Progress:

@@ -117,6 +117,13 @@ def test_powersgd_that_never_compresses_says_why(cluster):
     assert "comm_state_option" in note
 
 
+def test_powersgd_blocked_by_min_compression_rate_says_so(cluster):
+    result = lab.run(hook="power_sgd", state_options=powersgd(1, min_compression_rate=1000), steps=3,
+                     cluster=cluster)
+    (note,) = [n for n in result.notes if "never compressed" in n]
+    assert "min_compression_rate=1000" in note and "Lower min_compression_rate" in note
+
+
 def test_batched_powersgd_runs_with_the_fix_and_says_so(cluster):
     result = lab.run(hook="batched_power_sgd", state_options=powersgd(2), steps=3, cluster=cluster)
     assert result.steps["compressing"].iloc[-1]
