@@ -62,7 +62,8 @@ def _compare(args: argparse.Namespace) -> int:
         per_rank = launch_from_env(run_experiments, configs)  # one process group for every config
         if per_rank is None:  # not rank 0: rank 0 reports
             return 0
-        results = ResultSet(assemble_result(c, [runs[i] for runs in per_rank]) for i, c in enumerate(configs))
+        results = ResultSet(assemble_result(c, [runs[i] for runs in per_rank], "torchrun")
+                            for i, c in enumerate(configs))
     else:
         from .experiment import compare
 

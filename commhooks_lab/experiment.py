@@ -85,12 +85,13 @@ def _run_checked(config: ExperimentConfig, cluster: Cluster | None, progress: _P
             raise ValueError(f"this Cluster has {cluster.world_size} ranks but the config asks for "
                              f"world_size={config.world_size}; make the Cluster with world_size={config.world_size}")
         ranks = cluster.run(run_experiment, config, timeout_s=config.timeout_s, on_event=progress.event)
-    return assemble_result(config, ranks)
+    return assemble_result(config, ranks, cluster.start_method if cluster is not None else "spawn")
 
 
-def assemble_result(config: ExperimentConfig, ranks: list[dict]) -> Result:
+def assemble_result(config: ExperimentConfig, ranks: list[dict], start_method: str) -> Result:
     """The ranks' return values as one Result, with the notes only the whole run can tell."""
     result = from_ranks({**config.to_dict(), "name": config.name}, ranks)
+    result.env["start_method"] = start_method
     note = never_compressed_note(config, result)
     if note:
         result.notes.append(note)

@@ -111,6 +111,7 @@ class Probe:
         self.flush_bytes = flush_bytes
         self.counter = PayloadCounter.install()
         self.local: dict[int, torch.Tensor] = {}
+        self.bucket_of: dict[int, int] = {}  # which bucket each parameter travelled in, last step
         self.uncompressed_bytes = 0
         self.buckets = 0
         self.records: list[dict] = []
@@ -135,6 +136,7 @@ class Probe:
             if probe.measure_enabled:
                 for param, grad in zip(bucket.parameters(), bucket.gradients()):
                     probe.local[id(param)] = grad.detach().clone()
+                    probe.bucket_of[id(param)] = bucket.index()
             future = hook(state, bucket)
             if not wait:
                 return future
@@ -167,6 +169,7 @@ class Probe:
             missing = [n for n, p in zip(self.names, self.params) if id(p) not in self.local]
             if missing:
                 raise RuntimeError(f"the probe saw no gradient for {missing}: were these parameters unused?")
+            record["_buckets"] = [self.bucket_of[id(p)] for p in self.params]
             record["_local"] = _flat(self.local[id(p)] for p in self.params)
             record["_h"] = _flat(p.grad for p in self.params)
         self.records.append(record)
@@ -201,7 +204,8 @@ class Probe:
             row = {**rec, "loss": packed[i, -1].item() / self.world_size}
             if self.measure_enabled:
                 step_layers = self._measure(row, exact_all[i], h0_all[i], spread[i])
-                layers.extend({"step": rec["step"], **layer} for layer in step_layers)
+                buckets = row.pop("_buckets")
+                layers.extend({"step": rec["step"], "bucket": b, **layer} for b, layer in zip(buckets, step_layers))
             steps.append(row)
         return steps, layers
 

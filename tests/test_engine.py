@@ -154,6 +154,9 @@ def test_a_multi_bucket_model_runs_powersgd_safely_on_gloo(cluster):
     result = lab.run(hook="power_sgd", state_options=powersgd(1), model="cnn", bucket_cap_mb=0.01, steps=3,
                      cluster=cluster)
     assert result.steps["buckets"].iloc[-1] > 1
+    last = result.layers[result.layers["step"] == 2]
+    assert last["bucket"].nunique() == result.steps["buckets"].iloc[-1]  # per-bucket view of the layers
+    assert result.env["start_method"] == "spawn"
     assert result.ranks_agree and result.steps["compressing"].iloc[-1]
 
 
