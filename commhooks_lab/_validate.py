@@ -36,11 +36,13 @@ def check_launch_options(world_size, backend, timeout_s, start_method) -> str:
         raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
     methods = multiprocessing.get_all_start_methods()
     if start_method not in methods:
-        raise ValueError(f"unknown start_method {start_method!r}; choose one of {methods} ('spawn' is safest in notebooks)")
+        raise ValueError(f"unknown start_method {start_method!r}; choose one of {methods} "
+                         "('spawn' is safest in notebooks)")
     if backend is None:
         return "nccl" if _cuda_device_count() >= world_size else "gloo"
     if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose 'gloo' (CPU) or 'nccl' (one GPU per rank), or None to pick")
+        raise ValueError(f"unknown backend {backend!r}; choose 'gloo' (CPU) or 'nccl' (one GPU per rank), "
+                         "or None to pick")
     if backend == "nccl" and _cuda_device_count() < world_size:
         raise ValueError(
             f"backend='nccl' needs one CUDA device per rank: world_size={world_size}, "

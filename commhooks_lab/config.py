@@ -25,6 +25,11 @@ def _positive(name: str, value, kind=numbers.Real) -> None:
                          f"got {value!r}")
 
 
+def _non_negative_int(name: str, value, hint: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0{hint}, got {value!r}")
+
+
 @dataclass
 class ExperimentConfig:
     """Everything one run needs. The same config and seed give bit-identical numbers."""
@@ -58,10 +63,8 @@ class ExperimentConfig:
         _positive("batch_size", self.batch_size, numbers.Integral)
         _positive("lr", self.lr)
         _positive("bucket_cap_mb", self.bucket_cap_mb)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
-        if isinstance(self.eval_every, bool) or not isinstance(self.eval_every, numbers.Integral) or self.eval_every < 0:
-            raise ValueError(f"eval_every must be an int >= 0 (0: evaluate at the end only), got {self.eval_every!r}")
+        _non_negative_int("seed", self.seed)
+        _non_negative_int("eval_every", self.eval_every, " (0: evaluate at the end only)")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
         if self.api not in APIS:

@@ -111,7 +111,8 @@ def check_hook_choice(hook: Any = "allreduce", wrapper: Any = "no", state_option
             raise ValueError(f"a compressor takes only state_options={{'seed': int}}, got {sorted(options)}")
         return HookChoice(compressor_hook, "no", tuple(sorted(options.items())), make_state(hook), hook.name)
     if wrapper not in WRAPPERS:
-        raise ValueError(f"unknown wrapper {wrapper!r}; choose one of {list(WRAPPERS)}{_suggest(str(wrapper), WRAPPERS)}")
+        raise ValueError(f"unknown wrapper {wrapper!r}; choose one of {list(WRAPPERS)}"
+                         f"{_suggest(str(wrapper), WRAPPERS)}")
     if hook is None:
         hook = "no"
     if isinstance(hook, str) and ":" not in hook:
@@ -275,7 +276,8 @@ def available_hooks():
         rows.append({"kind": "hook", "name": name, "runs_here": runs, "what_it_does": HOOK_SUMMARIES[name],
                      "note": why})
     for name in WRAPPERS[1:]:
-        why = "" if name == "fp16" or cuda else "bf16_compress_wrapper is refused by name like bf16; measured all the same"
+        why = ("" if name == "fp16" or cuda
+               else "bf16_compress_wrapper is refused by name like bf16; measured all the same")
         rows.append({"kind": "wrapper", "name": name, "runs_here": True,
                      "what_it_does": f"cast the bucket to {name} around any hook", "note": why})
     not_here = {

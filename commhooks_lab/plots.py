@@ -129,7 +129,8 @@ def precision_histogram(results: Iterable[Result]) -> Figure:
         keep = exact != 0
         rel = _positive(np.abs(hook[keep] - exact[keep]) / np.abs(exact[keep]))
         ax.hist(rel, bins=bins, histtype="step", linewidth=1.5, label=f"{r.name} ({r.sample['layer']})")
-    for value, text in ((FP16_UNIT_ROUNDOFF, "fp16 unit roundoff 2^-11"), (BF16_UNIT_ROUNDOFF, "bf16 unit roundoff 2^-8")):
+    marks = ((FP16_UNIT_ROUNDOFF, "fp16 unit roundoff 2^-11"), (BF16_UNIT_ROUNDOFF, "bf16 unit roundoff 2^-8"))
+    for value, text in marks:
         ax.axvline(value, color="gray", linestyle=":")
         ax.text(value, 0.97, " " + text, rotation=90, va="top", fontsize="small", transform=ax.get_xaxis_transform())
     ax.set(xscale="log", xlabel="element-wise relative error |h - exact| / |exact|", ylabel="elements",

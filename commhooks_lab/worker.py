@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .config import ExperimentConfig

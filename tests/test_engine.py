@@ -182,7 +182,8 @@ def test_a_cluster_of_another_size_is_refused(cluster):
 
 
 @pytest.mark.parametrize("changes, text", [
-    ({"hook": "power_sgd", "state_options": {"matrix_aproximation_rank": 2}}, "did you mean 'matrix_approximation_rank'"),
+    ({"hook": "power_sgd", "state_options": {"matrix_aproximation_rank": 2}},
+     "did you mean 'matrix_approximation_rank'"),
     ({"hook": "power_sgd", "state_options": {"matrix_approximation_rank": 0}}, "matrix_approximation_rank must be"),
     ({"hook": "power_sgd", "state_options": {"start_powerSGD_iter": 1}}, "DDP rebuilds its gradient buckets"),
     ({"hook": "fp16", "state_options": {"matrix_approximation_rank": 2}}, "keeps no state"),

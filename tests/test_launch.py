@@ -8,7 +8,6 @@ import psutil
 import pytest
 
 import _workers
-import commhooks_lab
 from commhooks_lab import WorkerError, WorkerTimeoutError, launch
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")

@@ -84,7 +84,9 @@ def jupyterlab(tmp_path):
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2) as r:
                 return r.status == 200
         except OSError:
-            return server.poll() is not None and pytest.fail(f"JupyterLab exited: {(tmp_path / 'jupyterlab.log').read_text()}")
+            if server.poll() is not None:
+                pytest.fail(f"JupyterLab exited: {(tmp_path / 'jupyterlab.log').read_text()}")
+            return False
 
     try:
         _wait_until(status_ok, 60, "JupyterLab's server")
