@@ -111,17 +111,24 @@ def page():
             browser.close()
 
 
-def run_all_cells(page) -> None:
-    """Run All once the kernel is idle; retry once if execution never starts (a slow kernel)."""
-    for attempt in range(2):
+FIRST_PROMPT_RAN = """() => {
+    const prompt = document.querySelector('.jp-CodeCell .jp-InputPrompt');
+    return prompt !== null && /\\[(\\d+|\\*)\\]/.test(prompt.innerText);
+}"""
+
+
+def run_all_cells(page, attempts: int = 3) -> None:
+    """Run All once the kernel is idle, and retry if no cell starts: a Run All sent while the
+    session is still connecting walks through the cells without executing any of them."""
+    for attempt in range(attempts):
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
         page.click("li.lm-MenuBar-item:has-text('Run')")
         page.click("li.lm-Menu-item:has-text('Run All Cells')")
         try:
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='busy']", timeout=15_000)
+            page.wait_for_function(FIRST_PROMPT_RAN, timeout=20_000)
             return
         except sync_api.TimeoutError:
-            if attempt:
+            if attempt == attempts - 1:
                 raise
 
 
