@@ -29,10 +29,11 @@ def _positive(values) -> np.ndarray:
     return np.maximum(np.asarray(values, dtype=float), FLOOR)
 
 
-def _draw_per_step(ax, results: list[Result], values, ylabel: str, title: str) -> None:
-    """One line per hook of ``values(result)`` against step, on a log axis."""
+def _draw_per_step(ax, results: list[Result], values, ylabel: str, title: str, compressed_only: bool = False) -> None:
+    """One line per hook of ``values(steps)`` against step, on a log axis (optionally only where it compressed)."""
     for r in results:
-        ax.plot(r.steps["step"], _positive(values(r)), marker=".", label=r.name)
+        steps = r.compressed_steps() if compressed_only else r.steps
+        ax.plot(steps["step"], _positive(values(steps)), marker=".", label=r.name)
     ax.set(yscale="log", xlabel="step", ylabel=ylabel, title=title)
     ax.legend(fontsize="small")
 
@@ -41,9 +42,9 @@ def error_per_step(results: Iterable[Result] | Result) -> Figure:
     """rel_error and 1 - cosine per step, one line per hook, on log axes."""
     results = _list(results)
     fig, (ax_err, ax_cos) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-    _draw_per_step(ax_err, results, lambda r: r.steps["rel_error"], "rel_error = ||h - exact|| / ||exact||",
+    _draw_per_step(ax_err, results, lambda s: s["rel_error"], "rel_error = ||h - exact|| / ||exact||",
                    "How far the hook's gradient is from the exact mean")
-    _draw_per_step(ax_cos, results, lambda r: 1 - r.steps["cosine"], "1 - cosine(h, exact)", "Direction error")
+    _draw_per_step(ax_cos, results, lambda s: 1 - s["cosine"], "1 - cosine(h, exact)", "Direction error")
     return fig
 
 
@@ -148,8 +149,12 @@ def singular_values(result: Result, ranks: Sequence[int] = (1, 2, 4)) -> Figure:
     matrix = np.asarray(sample["exact"]).reshape(rows, -1)
     sv = np.linalg.svd(matrix, compute_uv=False)
     energy = np.cumsum(sv**2) / np.sum(sv**2)
+    nonzero = sv > sv[0] * 1e-10  # below that, float rounding of an exact zero
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
-    ax.plot(np.arange(1, len(sv) + 1), _positive(sv), marker=".")
+    ax.plot(np.arange(1, nonzero.sum() + 1), sv[nonzero], marker=".")
+    if not nonzero.all():
+        ax.text(0.98, 0.97, f"{(~nonzero).sum()} of {len(sv)} singular values are zero: rank {nonzero.sum()}",
+                ha="right", va="top", fontsize="small", transform=ax.transAxes)
     for r in ranks:
         if r <= len(sv):
             ax.axvline(r, color="gray", linestyle=":")
@@ -163,8 +168,8 @@ def singular_values(result: Result, ranks: Sequence[int] = (1, 2, 4)) -> Figure:
 def cumulative_error(results: Iterable[Result]) -> Figure:
     """||Σ h_t - Σ exact_t|| / ||Σ exact_t||: what error feedback buys over many steps."""
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
-    _draw_per_step(ax, _list(results), lambda r: r.steps["cumulative_rel_error"], "cumulative_rel_error",
-                   "Error of the summed gradient (error feedback repays what it dropped)")
+    _draw_per_step(ax, _list(results), lambda s: s["cumulative_rel_error"], "cumulative_rel_error",
+                   "Error of the summed gradient, steps that compressed", compressed_only=True)
     return fig
 
 
@@ -172,7 +177,7 @@ def overview(results: Iterable[Result]) -> Figure:
     """The main job's picture: error per step and the bytes/error trade-off, side by side."""
     results = _list(results)
     fig, (ax_err, ax_trade) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
-    _draw_per_step(ax_err, results, lambda r: r.steps["rel_error"], "rel_error", "Error per step")
+    _draw_per_step(ax_err, results, lambda s: s["rel_error"], "rel_error", "Error per step")
     _draw_tradeoff(ax_trade, results)
     return fig
 
