@@ -8,10 +8,11 @@ of your own is any ``hook(state, bucket) -> torch.futures.Future[torch.Tensor]``
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from ._imports import import_object
 
 HOOKS = ("no", "allreduce", "fp16", "bf16", "power_sgd", "batched_power_sgd", "noop")
 WRAPPERS = ("no", "fp16", "bf16")
@@ -50,11 +51,7 @@ def power_sgd_option_names() -> list[str]:
 def resolve_user_hook(hook: Any) -> Callable:
     """A callable, or ``"module:function"`` imported now so a typo fails before any process starts."""
     if isinstance(hook, str) and ":" in hook:
-        module_name, _, attr = hook.partition(":")
-        try:
-            hook = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot import hook {module_name}:{attr}: {exc}") from exc
+        hook = import_object(hook, "hook")
     if not callable(hook):
         raise ValueError(f"hook must be one of {list(HOOKS)}, a callable hook(state, bucket) or 'module:function'; "
                          f"got {hook!r}")

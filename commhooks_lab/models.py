@@ -6,12 +6,13 @@ or a callable ``factory(seed) -> Task`` brings your own.
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from ._imports import import_object
 
 TASKS = ("mlp", "cnn", "lowrank")
 TASK_SUMMARIES = {
@@ -92,11 +93,7 @@ def resolve_task_factory(model: Any) -> Callable[[int], Task]:
         if model in BUILDERS:
             return BUILDERS[model]
         if ":" in model:
-            module_name, _, attr = model.partition(":")
-            try:
-                return getattr(importlib.import_module(module_name), attr)
-            except (ImportError, AttributeError) as exc:
-                raise ValueError(f"cannot import model factory {model}: {exc}") from exc
+            return import_object(model, "model factory")
         raise ValueError(f"unknown model {model!r}; choose one of {list(TASKS)}, or pass factory(seed) -> Task "
                          "or 'module:function'")
     if callable(model):

@@ -25,6 +25,11 @@ ASSUMPTIONS = (
 )
 
 
+def _overhead(result: Result, allreduce: Result) -> float:
+    """Seconds of local compression work per step beyond plain allreduce (see ASSUMPTIONS)."""
+    return max(0.0, _median_step(result) - _median_step(allreduce))
+
+
 def _median_step(result: Result) -> float:
     return statistics.median(result.compressed_steps()["step_time_s"])
 
@@ -68,12 +73,11 @@ def network_model(results: Iterable[Result], bandwidths_gbps: Sequence[float] = 
     """Modelled time per step for every hook, bandwidth and world size (see ``ASSUMPTIONS``)."""
     runs = _by_name(results)
     compute = _median_step(runs["noop"])
-    baseline = _median_step(runs["allreduce"])
     rows = []
     for name, result in runs.items():
         if name == "noop":
             continue
-        overhead = max(0.0, _median_step(result) - baseline)
+        overhead = _overhead(result, runs["allreduce"])
         t = traffic(result)
         for w in world_sizes:
             for bw in bandwidths_gbps:
@@ -95,14 +99,13 @@ def break_even(results: Iterable[Result], world_size: int = 8, latency_us: float
     with o the compression overhead, a the latency, n ring steps and b bits over the link.
     """
     runs = _by_name(results)
-    baseline = _median_step(runs["allreduce"])
     ref = traffic(runs["allreduce"])
     rows = []
     for name, result in runs.items():
         if name in ("allreduce", "noop"):
             continue
         t = traffic(result)
-        overhead = max(0.0, _median_step(result) - baseline)
+        overhead = _overhead(result, runs["allreduce"])
         bits_saved = 8 * (link_bytes(ref, world_size) - link_bytes(t, world_size))
         cost = overhead + (ring_steps(t, world_size) - ring_steps(ref, world_size)) * latency_us * 1e-6
         if bits_saved <= 0:

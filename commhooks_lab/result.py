@@ -26,7 +26,7 @@ def _frame_to_json(df: pd.DataFrame) -> dict:
 
 def _frame_from_json(data: dict) -> pd.DataFrame:
     df = pd.DataFrame(data["data"], columns=data["columns"])
-    return df.astype(data["dtypes"]) if len(df) else df.astype({c: t for c, t in data["dtypes"].items()})
+    return df.astype(data["dtypes"])
 
 
 @dataclass

@@ -12,7 +12,6 @@ import io
 import time
 
 import ipywidgets as w
-import matplotlib
 import matplotlib.pyplot as plt
 
 from .cluster import Cluster
@@ -143,9 +142,8 @@ class HookLab:
 
     def _render(self) -> None:
         recent = self.results[-self.max_plotted_runs:]
-        with matplotlib.rc_context({"figure.max_open_warning": 0}):
-            self.plot.value = figure_png(overview(recent))
-            self.agreement.value = figure_png(gradient_agreement(self.results[-1]))
+        self.plot.value = figure_png(overview(recent))  # figure_png closes each figure it renders
+        self.agreement.value = figure_png(gradient_agreement(self.results[-1]))
         table = self.results.table().drop(columns=["notes"])
         table.index = [f"{i + 1}. {name}" for i, name in enumerate(table.index)]
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in dict.fromkeys(self.results[-1].notes))
