@@ -6,6 +6,7 @@ Prints medians, with the time split into the run and the rendering.
 
     python bench/dashboard.py [--repeats 5] [--steps 20]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,10 @@ def main() -> None:
             assert not lab.error.value, lab.error.value
             lab.close()
         rows.append((hook, statistics.median(cold), statistics.median(warm), statistics.median(render)))
-    print(f"\nHookLab click-to-plots, {args.steps} MLP steps, 2 ranks, median of {args.repeats} cold and "
-          f"{3 * args.repeats} warm clicks\n")
+    print(
+        f"\nHookLab click-to-plots, {args.steps} MLP steps, 2 ranks, median of {args.repeats} cold and "
+        f"{3 * args.repeats} warm clicks\n"
+    )
     print(f"{'hook':<12} {'cold s':>8} {'warm s':>8} {'of which plots s':>17} {'warm / cold':>12}")
     for hook, c, wm, r in rows:
         print(f"{hook:<12} {c:>8.2f} {wm:>8.2f} {r:>17.2f} {wm / c:>12.2f}")

@@ -6,6 +6,7 @@ Prints medians and the ratio to bare ``torch.multiprocessing.spawn``.
 
     python bench/launch.py [--repeats 5] [--steps 10] [--world-sizes 2 4]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -86,15 +87,20 @@ def main() -> None:
     rows = []
     for world_size in args.world_sizes:
         variants = {
-            "torch.multiprocessing.spawn (bare)": lambda: mp.spawn(
-                _bare_job, args=(world_size, _free_port(), args.steps), nprocs=world_size),
-            "commhooks_lab.launch (spawn)": lambda: commhooks_lab.launch(lab_job, args.steps, world_size=world_size),
-            "commhooks_lab.launch (forkserver)": lambda: commhooks_lab.launch(
-                lab_job, args.steps, world_size=world_size, start_method="forkserver"),
+            "torch.multiprocessing.spawn (bare)": lambda w=world_size: mp.spawn(
+                _bare_job, args=(w, _free_port(), args.steps), nprocs=w
+            ),
+            "commhooks_lab.launch (spawn)": lambda w=world_size: commhooks_lab.launch(
+                lab_job, args.steps, world_size=w
+            ),
+            "commhooks_lab.launch (forkserver)": lambda w=world_size: commhooks_lab.launch(
+                lab_job, args.steps, world_size=w, start_method="forkserver"
+            ),
         }
         if debug_launcher is not None:
-            variants["accelerate.debug_launcher (fork)"] = lambda: debug_launcher(
-                _accelerate_job, args=(args.steps,), num_processes=world_size)
+            variants["accelerate.debug_launcher (fork)"] = lambda w=world_size: debug_launcher(
+                _accelerate_job, args=(args.steps,), num_processes=w
+            )
         times = {name: [] for name in variants}
         for _ in range(args.repeats):
             for name, fn in variants.items():
@@ -102,14 +108,17 @@ def main() -> None:
         with commhooks_lab.Cluster(world_size=world_size) as cluster:
             cluster.run(lab_job, 1)  # the cluster is warm: started, imports done
             times[f"Cluster.run, warm, {args.warm_steps} steps"] = [
-                timed(lambda: cluster.run(lab_job, args.warm_steps)) for _ in range(args.repeats)]
+                timed(lambda: cluster.run(lab_job, args.warm_steps)) for _ in range(args.repeats)
+            ]
         base = statistics.median(times["torch.multiprocessing.spawn (bare)"])
         for name, samples in times.items():
             median = statistics.median(samples)
             rows.append((world_size, name, median, min(samples), median / base))
 
-    print(f"\nlaunch cost, {args.repeats} runs each, {args.steps} DDP steps per cold run "
-          f"(torch {torch.__version__}, {os.cpu_count()} cores)\n")
+    print(
+        f"\nlaunch cost, {args.repeats} runs each, {args.steps} DDP steps per cold run "
+        f"(torch {torch.__version__}, {os.cpu_count()} cores)\n"
+    )
     print(f"{'ranks':>5}  {'variant':<40} {'median s':>9} {'min s':>7} {'x bare spawn':>13}")
     for world_size, name, median, fastest, ratio in rows:
         print(f"{world_size:>5}  {name:<40} {median:>9.3f} {fastest:>7.3f} {ratio:>13.2f}")

@@ -7,6 +7,7 @@ wall time is printed too. Prints medians and on/off ratios (target per step: <= 
 
     python bench/probe.py [--repeats 5] [--steps 20] [--model mlp] [--world-size 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,17 +37,19 @@ def main() -> None:
             step = {True: [], False: []}
             whole = {True: [], False: []}
             for _ in range(args.repeats):
-                for probe in (False, True):
+                for measure in (False, True):
                     start = time.perf_counter()
-                    result = lab.run(config.replace(probe=probe), cluster=cluster)
-                    whole[probe].append(time.perf_counter() - start)
+                    result = lab.run(config.replace(measure=measure), cluster=cluster)
+                    whole[measure].append(time.perf_counter() - start)
                     # the first two steps are DDP's bucket rebuild and PowerSGD's plain allreduce
-                    step[probe].append(statistics.median(result.steps["step_time_s"].iloc[2:]))
+                    step[measure].append(statistics.median(result.steps["step_time_s"].iloc[2:]))
             off, on = statistics.median(step[False]), statistics.median(step[True])
             run_off, run_on = statistics.median(whole[False]), statistics.median(whole[True])
             rows.append((config.name, off * 1e3, on * 1e3, on / off, run_off * 1e3, run_on * 1e3, run_on / run_off))
-    print(f"\nprobe cost per step, {args.model}, {args.world_size} ranks, median of {args.repeats} runs x "
-          f"{args.steps - 2} steps\n")
+    print(
+        f"\nprobe cost per step, {args.model}, {args.world_size} ranks, median of {args.repeats} runs x "
+        f"{args.steps - 2} steps\n"
+    )
     print(f"{'':<22} {'--- per step (hook + probe copies) ---':^38} {'--- whole run (with measuring) ---':^36}")
     print(f"{'hook':<22} {'off ms':>12} {'on ms':>12} {'on / off':>12} {'off ms':>12} {'on ms':>12} {'on / off':>10}")
     for name, off, on, ratio, run_off, run_on, run_ratio in rows:

@@ -3,6 +3,7 @@
 Heavy parts (pandas, matplotlib, ipywidgets) load on first use, so the rank processes,
 which import this package, start as fast as ``import torch`` allows.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -11,19 +12,20 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "launch": "launcher",
-    "Cluster": "cluster",
-    "WorkerError": "errors",
-    "WorkerTimeoutError": "errors",
-    "WorkerContext": "_worker",
-    "launch_from_env": "torchrun",
-    "selfcheck": "smoke",
+    "Cluster": "launcher",
+    "WorkerError": "launcher",
+    "WorkerTimeoutError": "launcher",
+    "WorkerContext": "launcher",
+    "launch_from_env": "launcher",
+    "selfcheck": "launcher",
     "ExperimentConfig": "config",
     "run": "experiment",
     "compare": "experiment",
     "Result": "result",
     "ResultSet": "result",
     "load": "result",
-    "available_hooks": "hooks",
+    "available_hooks": "availability",
+    "check_hook_choice": "hooks",
     "Task": "models",
     "HookLab": "widgets",
 }
@@ -32,8 +34,20 @@ __all__ = sorted(_EXPORTS)
 
 
 #: Submodules reachable as attributes (``lab.plots.overview``), imported on first use.
-_SUBMODULES = ("plots", "hooks", "compressors", "netmodel", "studies", "exercises", "solutions", "widgets",
-               "models", "probe", "result")
+_SUBMODULES = (
+    "plots",
+    "hooks",
+    "registry",
+    "compressors",
+    "netmodel",
+    "studies",
+    "exercises",
+    "solutions",
+    "widgets",
+    "models",
+    "probe",
+    "result",
+)
 
 
 def __getattr__(name: str):

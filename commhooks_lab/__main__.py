@@ -2,7 +2,7 @@ import os
 import sys
 
 from commhooks_lab.cli import main
-from commhooks_lab.torchrun import under_torchrun
+from commhooks_lab.launcher.torchrun import under_torchrun
 
 if __name__ == "__main__":
     code = main()

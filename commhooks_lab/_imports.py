@@ -1,4 +1,5 @@
 """Resolve ``"module:function"`` strings, so hooks and model factories can be named on a command line."""
+
 from __future__ import annotations
 
 import importlib

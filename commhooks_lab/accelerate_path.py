@@ -6,18 +6,16 @@ data_loader)`` and ``accelerator.backward(loss)``. The probe measures the hook *
 registers: while ``prepare`` runs, ``DistributedDataParallel.register_comm_hook`` is intercepted,
 so whatever Accelerate passes is wrapped, not re-created.
 """
+
 from __future__ import annotations
 
-import contextlib
-
-from torch.nn.parallel import DistributedDataParallel as DDP
-
+from ._compat import intercept_comm_hook_registration, registration_refusal, reset_accelerate_state
 from .data import InterleavedBatchSampler, endless
-from .hooks import patch_batched_orthogonalize, registration_refusal
+from .ddp_setup import Setup, hook_notes, make_optimizer, register_probed
+from .hooks import HookChoice
 from .probe import Probe
 
-#: The hooks Accelerate's DDPCommunicationHookType names; the lab's others have no Accelerate form.
-ACCELERATE_HOOKS = ("no", "fp16", "bf16", "power_sgd", "batched_power_sgd")
+__all__ = ["ddp_kwargs", "reset_accelerate_state", "setup_accelerate_ddp"]
 
 SILENT_FALLBACK = (
     "Accelerate did not see a multi-process run (distributed_type={kind}, num_processes={n}): every process "
@@ -26,60 +24,37 @@ SILENT_FALLBACK = (
 )
 
 
-@contextlib.contextmanager
-def intercept_comm_hook_registration(on_register):
-    """While active, ``DDP.register_comm_hook(state, hook)`` calls ``on_register(ddp, state, hook, original)``."""
-    original = DDP.register_comm_hook
-
-    def register_comm_hook(self, state, hook):
-        return on_register(self, state, hook, lambda s, h: original(self, s, h))
-
-    DDP.register_comm_hook = register_comm_hook
-    try:
-        yield
-    finally:
-        DDP.register_comm_hook = original
-
-
-def ddp_kwargs(choice, bucket_cap_mb: float):
+def ddp_kwargs(choice: HookChoice, bucket_cap_mb: float = 25.0):
     """The DistributedDataParallelKwargs a learner would write for this choice."""
     from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
 
+    if choice.entry is None or choice.entry.accelerate is None:
+        raise ValueError(f"{choice.name} has no Accelerate form (DDPCommunicationHookType does not name it)")
+    wrapper = choice.wrapper_entry.accelerate if choice.wrapper_entry is not None else "no"
     return DistributedDataParallelKwargs(
-        comm_hook=DDPCommunicationHookType(choice.hook),
-        comm_wrapper=DDPCommunicationHookType(choice.wrapper),
+        comm_hook=DDPCommunicationHookType(choice.entry.accelerate),
+        comm_wrapper=DDPCommunicationHookType(wrapper),
         comm_state_option=dict(choice.options),
         bucket_cap_mb=bucket_cap_mb,
     )
 
 
-def reset_accelerate_state() -> None:
-    """Accelerate keeps process-wide singletons; a warm rank starts each run from scratch."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
-def setup_accelerate_ddp(ctx, config, task, probe: Probe, choice):
-    """The Accelerate form of :func:`commhooks_lab.worker.setup_torch_ddp`."""
+def setup_accelerate_ddp(ctx, config, task, probe: Probe, choice: HookChoice) -> Setup:
+    """The Accelerate form of :func:`commhooks_lab.ddp_setup.setup_torch_ddp`."""
     import torch
     from accelerate import Accelerator
     from accelerate.utils import DistributedType
 
-    from .worker import Setup, hook_notes, make_optimizer, register_probed
-
-    if choice.hook == "batched_power_sgd":
-        patch_batched_orthogonalize()
+    if choice.entry is not None and choice.entry.prepare is not None:
+        choice.entry.prepare()  # e.g. batched PowerSGD's fix, as on the torch path
     reset_accelerate_state()
-    accelerator = Accelerator(cpu=ctx.device.type == "cpu",
-                              kwargs_handlers=[ddp_kwargs(choice, config.bucket_cap_mb)])
+    accelerator = Accelerator(cpu=ctx.device.type == "cpu", kwargs_handlers=[ddp_kwargs(choice, config.bucket_cap_mb)])
     if accelerator.distributed_type == DistributedType.NO or accelerator.num_processes != ctx.world_size:
         raise RuntimeError(SILENT_FALLBACK.format(kind=accelerator.distributed_type, n=accelerator.num_processes))
     optimizer = make_optimizer(config.optimizer, task.model.parameters(), config.lr)
     sampler = InterleavedBatchSampler(task.train, ctx.world_size, config.batch_size, config.seed)
     loader = torch.utils.data.DataLoader(task.train, batch_sampler=sampler)
-    seen = {}
+    seen: dict = {}
 
     def on_register(ddp, state, hook, register):
         seen.update(state=state, hook=hook, refusal=registration_refusal(ddp, hook))

@@ -2,6 +2,7 @@
 
 Runs in a terminal (it starts the ranks itself) or under torchrun (the ranks are given).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -9,11 +10,11 @@ import os
 import sys
 from pathlib import Path
 
-from .torchrun import launch_from_env, under_torchrun
+from .launcher.torchrun import launch_from_env, under_torchrun
 
 
 def _selfcheck(args: argparse.Namespace) -> int:
-    from .smoke import allreduce_rank_plus_one, selfcheck, summarize
+    from .launcher.allreduce_check import allreduce_rank_plus_one, selfcheck, summarize
 
     if under_torchrun():
         rows = launch_from_env(allreduce_rank_plus_one)
@@ -22,30 +23,52 @@ def _selfcheck(args: argparse.Namespace) -> int:
         report = summarize(rows, len(rows))
     else:
         report = selfcheck(world_size=args.world_size, start_method=args.start_method)
-    print(f"self-check: {report['world_size']} ranks ({report['backend']}) all-reduced rank+1; "
-          f"every rank holds {report['sums']}, expected {report['expected']:g}: "
-          f"{'OK' if report['ok'] else 'MISMATCH'}")
+    print(
+        f"self-check: {report['world_size']} ranks ({report['backend']}) all-reduced rank+1; "
+        f"every rank holds {report['sums']}, expected {report['expected']:g}: "
+        f"{'OK' if report['ok'] else 'MISMATCH'}"
+    )
     return 0 if report["ok"] else 1
 
 
 def comparison_configs(args: argparse.Namespace):
-    """One config per hook; PowerSGD-style hooks once per ``--rank``."""
+    """One config per hook spec; PowerSGD variants once per ``--matrix-rank`` unless the spec sets it."""
+    from . import registry
     from .config import ExperimentConfig
     from .experiment import DEFAULT_COMPARISON, as_config
-    from .hooks import POWER_SGD_HOOKS
 
-    base = ExperimentConfig(model=args.model, world_size=args.world_size, steps=args.steps, seed=args.seed,
-                            batch_size=args.batch_size)
+    base = ExperimentConfig(
+        model=args.model,
+        world_size=args.world_size,
+        steps=args.steps,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        wrapper=args.wrapper,
+        api=args.api,
+    )
     if not args.hooks:
         return [as_config(item, base) for item in DEFAULT_COMPARISON]
     configs = []
-    for hook in args.hooks:
-        if hook in POWER_SGD_HOOKS:
-            configs += [base.replace(hook=hook, state_options={"matrix_approximation_rank": r,
-                                                               "start_powerSGD_iter": args.start_iter})
-                        for r in args.rank]
+    for spec in args.hooks:
+        if ":" in spec:  # module:function, a hook of your own
+            configs.append(base.replace(hook=spec, wrapper=args.wrapper))
+            continue
+        name, options = registry.parse_hook_spec(spec)
+        entry = registry.get(name)
+        if entry.kind == registry.COMPRESSOR:
+            configs.append(base.replace(hook=name, state_options=options, wrapper="no"))
+        elif entry.power_sgd:
+            options = {"start_powerSGD_iter": args.start_iter, **options}
+            ranks = (
+                [options.pop("matrix_approximation_rank")]
+                if "matrix_approximation_rank" in options
+                else args.matrix_rank
+            )
+            configs += [
+                base.replace(hook=name, state_options={"matrix_approximation_rank": r, **options}) for r in ranks
+            ]
         else:
-            configs.append(base.replace(hook=hook))
+            configs.append(base.replace(hook=name, state_options=options))
     return configs
 
 
@@ -55,21 +78,25 @@ def _compare(args: argparse.Namespace) -> int:
         config.check()  # every typo is reported before any process starts
     if under_torchrun():
         from .experiment import assemble_result
+        from .rank_job import run_experiments
         from .result import ResultSet
-        from .worker import run_experiments
 
         configs = [c.replace(world_size=int(os.environ["WORLD_SIZE"])) for c in configs]
-        per_rank = launch_from_env(run_experiments, configs)  # one process group for every config
+        choices = [c.check() for c in configs]
+        per_rank = launch_from_env(run_experiments, configs, choices)  # one process group for every config
         if per_rank is None:  # not rank 0: rank 0 reports
             return 0
-        results = ResultSet(assemble_result(c, [runs[i] for runs in per_rank], "torchrun")
-                            for i, c in enumerate(configs))
+        results = ResultSet(
+            assemble_result(c, choice, [runs[i] for runs in per_rank], "torchrun")
+            for i, (c, choice) in enumerate(zip(configs, choices))
+        )
     else:
         from .experiment import compare
 
         results = compare(configs, progress=not args.quiet)
-    print(f"\n{len(configs)} hooks, {configs[0].world_size} ranks, {configs[0].steps} steps of "
-          f"{results[0].env['task']}\n")
+    print(
+        f"\n{len(configs)} hooks, {configs[0].world_size} ranks, {configs[0].steps} steps of {results[0].env['task']}\n"
+    )
     print(results.table(formatted=True).to_string())
     notes = results.notes()
     if notes:
@@ -88,18 +115,48 @@ def _compare(args: argparse.Namespace) -> int:
 
             figure = overview(results)
             figure.savefig(out / "overview.png", dpi=110)
-            print(f"\nwrote {out / 'summary.csv'}, {out / 'overview.png'} and {len(results)} results in "
-                  f"{out / 'results'} (commhooks_lab.load reads them)")
+            print(
+                f"\nwrote {out / 'summary.csv'}, {out / 'overview.png'} and {len(results)} results in "
+                f"{out / 'results'} (commhooks_lab.load reads them)"
+            )
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import registry
+
     parser = argparse.ArgumentParser(prog="python -m commhooks_lab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
     comp = sub.add_parser("compare", help="compare hooks on one task (the default)")
-    comp.add_argument("--hooks", nargs="+", help="hook names (default: every built-in hook)")
-    comp.add_argument("--rank", type=int, nargs="+", default=[1, 4],
-                      help="PowerSGD matrix_approximation_rank values, with --hooks")
+    comp.add_argument(
+        "--hooks",
+        nargs="+",
+        metavar="HOOK",
+        help="registered names, with state options in brackets where wanted, e.g. fp16 "
+        "'topk[ratio=0.05,error_feedback=true]' 'power_sgd[matrix_approximation_rank=2]', or "
+        f"module:function (default: the main job's line-up). Registered: "
+        f"{', '.join(registry.hook_names())}",
+    )
+    comp.add_argument(
+        "--wrapper",
+        default="no",
+        choices=registry.wrapper_names(),
+        help="wrap every PyTorch hook (fp16_compress_wrapper, bf16_compress_wrapper)",
+    )
+    comp.add_argument(
+        "--api",
+        default="torch",
+        choices=["torch", "accelerate"],
+        help="register through PyTorch, or through Accelerate's DistributedDataParallelKwargs",
+    )
+    comp.add_argument(
+        "--matrix-rank",
+        type=int,
+        nargs="+",
+        default=[1, 4],
+        help="PowerSGD's matrix_approximation_rank values (the r of P Q^T, not a process rank)",
+    )
+    comp.add_argument("--rank", type=int, nargs="+", dest="deprecated_rank", help=argparse.SUPPRESS)
     comp.add_argument("--start-iter", type=int, default=2, help="PowerSGD start_powerSGD_iter, with --hooks")
     comp.add_argument("--model", default="mlp", help="mlp | cnn | lowrank | module:function")
     comp.add_argument("--world-size", type=int, default=2)
@@ -123,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["compare", *argv]
     args = parser.parse_args(argv)
+    if getattr(args, "deprecated_rank", None):
+        print("warning: --rank is now --matrix-rank (rank means a process here)", file=sys.stderr)
+        args.matrix_rank = args.deprecated_rank
     try:
         return args.func(args)
     except (ValueError, TypeError) as exc:

@@ -10,10 +10,12 @@ Karimireddy et al. 2019), so every compressor can be compared with and without i
 The payload is what is really sent: indices, scales and packed bits count; all-gathered
 copies show in ``ring_bytes`` ((W-1) x payload per rank).
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -89,7 +91,7 @@ class RandomK(Compressor):
         self.ratio, self.name = ratio, f"randomk {ratio:.0%}"
 
     def _indices(self, numel, where):
-        return torch.randperm(numel, generator=where.generator(shared=True))[:_k(numel, self.ratio)]
+        return torch.randperm(numel, generator=where.generator(shared=True))[: _k(numel, self.ratio)]
 
     def encode(self, x, where):
         return [x.reshape(-1)[self._indices(x.numel(), where)].clone()]
@@ -206,12 +208,13 @@ class ErrorFeedback(Compressor):
 
 # -- the adapter: any compressor as a DDP communication hook ---------------------------------------
 
+
 @dataclass
 class CompressorState:
     """A compressor's hook state: the compressor (with any memory) and the step count."""
 
     compressor: Compressor
-    process_group: object = None
+    process_group: Any = None
     seed: int = 0
     step: int = 0
     keys: dict = field(default_factory=dict)
@@ -239,7 +242,7 @@ def _split_by_dtype(flat: dict[torch.dtype, torch.Tensor], like: list[torch.Tens
     out = []
     for t in like:
         start = offsets[t.dtype]
-        out.append(flat[t.dtype][start:start + t.numel()].view(t.shape))
+        out.append(flat[t.dtype][start : start + t.numel()].view(t.shape))
         offsets[t.dtype] = start + t.numel()
     return out
 
@@ -280,7 +283,7 @@ def compressor_hook(state: CompressorState, bucket):
         g.copy_(mean)
     if bucket.is_last():
         state.step += 1
-    done = torch.futures.Future()
+    done: torch.futures.Future = torch.futures.Future()
     done.set_result(bucket.buffer())
     return done
 
@@ -288,12 +291,6 @@ def compressor_hook(state: CompressorState, bucket):
 def _decode_all(compressor, flat_payload, payloads, grads, wheres):
     out, i = [], 0
     for payload, g, where in zip(payloads, grads, wheres):
-        out.append(compressor.decode(flat_payload[i:i + len(payload)], g, where))
+        out.append(compressor.decode(flat_payload[i : i + len(payload)], g, where))
         i += len(payload)
     return out
-
-
-ZOO = {
-    "topk": TopK, "randomk": RandomK, "sign": ScaledSign, "qsgd": QSGD, "terngrad": TernGrad,
-    "int8": Int8PerChannel,
-}

@@ -4,15 +4,18 @@ Like Accelerate's ``DistributedDataParallelKwargs``: a dataclass whose values ar
 already know (Accelerate's hook enum members are accepted too). ``check()`` refuses bad
 values before any process starts.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import numbers
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from ._validate import check_launch_options
-from .hooks import POWER_SGD_HOOKS, HookChoice, check_hook_choice
+from .hooks import HookChoice, check_hook_choice
+from .launcher.options import check_launch_options
 from .models import resolve_task_factory
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -21,8 +24,9 @@ APIS = ("torch", "accelerate")
 
 def _positive(name: str, value, kind=numbers.Real) -> None:
     if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
-        raise ValueError(f"{name} must be a {'positive int' if kind is numbers.Integral else 'number > 0'}, "
-                         f"got {value!r}")
+        raise ValueError(
+            f"{name} must be a {'positive int' if kind is numbers.Integral else 'number > 0'}, got {value!r}"
+        )
 
 
 def _non_negative_int(name: str, value, hint: str = "") -> None:
@@ -46,13 +50,24 @@ class ExperimentConfig:
     lr: float = 0.1
     seed: int = 0
     bucket_cap_mb: float = 25.0
-    probe: bool = True
+    measure: bool = True  # False: bytes and loss only, no float64 error measurement (the hook is still wrapped)
     eval_every: int = 0  # test accuracy every k steps (0: at the end only)
     sample_layer: str | None = None  # whose element-wise gradients to keep (default: the largest matrix)
     api: str = "torch"  # "torch": register_comm_hook; "accelerate": DistributedDataParallelKwargs
     backend: str | None = None
     timeout_s: float = 120.0
     label: str | None = None  # a name for tables and legends
+    probe: bool | None = None  # deprecated name of ``measure``
+
+    def __post_init__(self) -> None:
+        if self.probe is not None:
+            warnings.warn(
+                "ExperimentConfig(probe=...) is now measure=...: the probe always wraps the hook to "
+                "count bytes; measure says whether it also measures the error",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            self.measure, self.probe = bool(self.probe), None
 
     def check(self) -> HookChoice:
         """Validate everything; return the checked hook choice."""
@@ -68,8 +83,10 @@ class ExperimentConfig:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
         if self.api not in APIS:
-            raise ValueError(f"unknown api {self.api!r}; choose 'torch' (register_comm_hook) or 'accelerate' "
-                             "(DistributedDataParallelKwargs)")
+            raise ValueError(
+                f"unknown api {self.api!r}; choose 'torch' (register_comm_hook) or 'accelerate' "
+                "(DistributedDataParallelKwargs)"
+            )
         if self.api == "accelerate":
             _check_accelerate(choice)
         return choice
@@ -78,18 +95,9 @@ class ExperimentConfig:
     def name(self) -> str:
         if self.label:
             return self.label
-        choice = check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory)
-        if choice.is_builtin and choice.hook in POWER_SGD_HOOKS:  # its rank and switches tell runs apart
-            options = self.state_options
-            name = f"{choice.name} r{options.get('matrix_approximation_rank', 1)}"
-            if not options.get("use_error_feedback", True):
-                name += " no EF"
-            if not options.get("warm_start", True):
-                name += " no warm start"
-            return name
-        return choice.name
+        return check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory).name
 
-    def replace(self, **changes) -> "ExperimentConfig":
+    def replace(self, **changes) -> ExperimentConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
@@ -103,15 +111,19 @@ class ExperimentConfig:
             elif callable(value):
                 value = f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}"
             out[f.name] = value
+        out.pop("probe")
         return out
 
 
 def _check_accelerate(choice: HookChoice) -> None:
-    from .accelerate_path import ACCELERATE_HOOKS
+    from . import registry
 
-    if not choice.is_builtin or choice.hook not in ACCELERATE_HOOKS:
-        raise ValueError(f"api='accelerate' takes the hooks Accelerate's DDPCommunicationHookType names, "
-                         f"{list(ACCELERATE_HOOKS)}; {choice.name} has no Accelerate form (use api='torch')")
+    if choice.entry is None or choice.entry.accelerate is None:
+        named = [e.name for e in registry.entries(registry.HOOK) if e.accelerate is not None]
+        raise ValueError(
+            f"api='accelerate' takes the hooks Accelerate's DDPCommunicationHookType names, "
+            f"{named}; {choice.name} has no Accelerate form (use api='torch')"
+        )
     try:
         import accelerate  # noqa: F401
     except ImportError as exc:

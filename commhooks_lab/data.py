@@ -4,6 +4,7 @@ The Accelerate path hands its DataLoader to ``accelerator.prepare``, which deals
 to process i mod W. :class:`InterleavedBatchSampler` lays the DistributedSampler batches out in
 that order, so both paths train on the very same samples and can be compared bit for bit.
 """
+
 from __future__ import annotations
 
 import torch
@@ -11,15 +12,19 @@ from torch.utils.data.distributed import DistributedSampler
 
 
 def _samplers(dataset, world_size: int, seed: int) -> list[DistributedSampler]:
-    return [DistributedSampler(dataset, num_replicas=world_size, rank=r, shuffle=True, seed=seed, drop_last=True)
-            for r in range(world_size)]
+    return [
+        DistributedSampler(dataset, num_replicas=world_size, rank=r, shuffle=True, seed=seed, drop_last=True)
+        for r in range(world_size)
+    ]
 
 
 def check_batch_size(dataset, world_size: int, batch_size: int) -> None:
     per_rank = len(dataset) // world_size
     if per_rank < batch_size:
-        raise ValueError(f"batch_size={batch_size} is larger than the {per_rank} samples each of the "
-                         f"{world_size} ranks holds; lower batch_size or world_size")
+        raise ValueError(
+            f"batch_size={batch_size} is larger than the {per_rank} samples each of the "
+            f"{world_size} ranks holds; lower batch_size or world_size"
+        )
 
 
 def rank_batches(dataset, rank: int, world_size: int, batch_size: int, seed: int):
@@ -50,8 +55,12 @@ class InterleavedBatchSampler(torch.utils.data.Sampler):
         for sampler in self.samplers:
             sampler.set_epoch(self.epoch)
             indices = list(sampler)
-            per_rank.append([indices[i:i + self.batch_size]
-                             for i in range(0, len(indices) - self.batch_size + 1, self.batch_size)])
+            per_rank.append(
+                [
+                    indices[i : i + self.batch_size]
+                    for i in range(0, len(indices) - self.batch_size + 1, self.batch_size)
+                ]
+            )
         self.epoch += 1
         for step in zip(*per_rank):
             yield from step

@@ -1,15 +1,17 @@
 """``run`` one experiment or ``compare`` several, on fresh ranks or a warm :class:`Cluster`."""
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from .cluster import Cluster
+from ._compat import power_sgd_defaults
 from .config import ExperimentConfig
-from .hooks import POWER_SGD_HOOKS
-from .launcher import launch
+from .hooks import HookChoice
+from .launcher import Cluster, launch
+from .rank_job import run_experiment
 from .result import Result, ResultSet, from_ranks
-from .worker import run_experiment
 
 #: The main job's line-up: every built-in hook, PowerSGD made to compress within a short run.
 DEFAULT_COMPARISON: list[Any] = [
@@ -34,20 +36,21 @@ def as_config(item: Any, base: ExperimentConfig) -> ExperimentConfig:
     return base.replace(hook=item)
 
 
-def never_compressed_note(config: ExperimentConfig, result: Result) -> str | None:
+def never_compressed_note(config: ExperimentConfig, choice: HookChoice, result: Result) -> str | None:
     """PowerSGD that never compressed measures plain allreduce: say so, and why."""
-    choice = config.check()
-    if not (choice.is_builtin and choice.hook in POWER_SGD_HOOKS) or result.steps["compressing"].any():
+    if not choice.is_power_sgd() or result.steps["compressing"].any():
         return None
-    options = choice.options
-    start = options.get("start_powerSGD_iter", 1000)
+    options = {**power_sgd_defaults(), **choice.options}
+    start = options["start_powerSGD_iter"]
     if start >= config.steps:
-        default = " (PyTorch's default)" if "start_powerSGD_iter" not in options else ""
-        why = (f"start_powerSGD_iter={start}{default} >= steps={config.steps}, and PowerSGD runs plain "
-               "allreduce before that step")
+        default = " (PyTorch's default)" if "start_powerSGD_iter" not in choice.options else ""
+        why = (
+            f"start_powerSGD_iter={start}{default} >= steps={config.steps}, and PowerSGD runs plain "
+            "allreduce before that step"
+        )
         fix = "Set state_options={'start_powerSGD_iter': 2} (Accelerate: comm_state_option) to compress."
     else:
-        rate = options.get("min_compression_rate", 2)
+        rate = options["min_compression_rate"]
         why = f"no gradient matrix passed min_compression_rate={rate} at this rank"
         fix = "Lower min_compression_rate or matrix_approximation_rank to compress."
     return f"{choice.hook} never compressed in {config.steps} steps: {why}. Every number here is plain allreduce. {fix}"
@@ -76,43 +79,64 @@ class _Progress:
             self.bar.close()
 
 
-def _run_checked(config: ExperimentConfig, cluster: Cluster | None, progress: _Progress) -> Result:
+def _run_checked(config: ExperimentConfig, choice: HookChoice, cluster: Cluster | None, progress: _Progress) -> Result:
     if cluster is None:
-        ranks = launch(run_experiment, config, world_size=config.world_size, backend=config.backend,
-                       timeout_s=config.timeout_s, on_event=progress.event)
+        ranks = launch(
+            run_experiment,
+            config,
+            choice,
+            world_size=config.world_size,
+            backend=config.backend,
+            timeout_s=config.timeout_s,
+            on_event=progress.event,
+        )
     else:
         if cluster.world_size != config.world_size:
-            raise ValueError(f"this Cluster has {cluster.world_size} ranks but the config asks for "
-                             f"world_size={config.world_size}; make the Cluster with world_size={config.world_size}")
-        ranks = cluster.run(run_experiment, config, timeout_s=config.timeout_s, on_event=progress.event)
-    return assemble_result(config, ranks, cluster.start_method if cluster is not None else "spawn")
+            raise ValueError(
+                f"this Cluster has {cluster.world_size} ranks but the config asks for "
+                f"world_size={config.world_size}; make the Cluster with world_size={config.world_size}"
+            )
+        ranks = cluster.run(run_experiment, config, choice, timeout_s=config.timeout_s, on_event=progress.event)
+    return assemble_result(config, choice, ranks, cluster.start_method if cluster is not None else "spawn")
 
 
-def assemble_result(config: ExperimentConfig, ranks: list[dict], start_method: str) -> Result:
+def assemble_result(config: ExperimentConfig, choice: HookChoice, ranks: list[dict], start_method: str) -> Result:
     """The ranks' return values as one Result, with the notes only the whole run can tell."""
-    result = from_ranks({**config.to_dict(), "name": config.name}, ranks)
+    result = from_ranks({**config.to_dict(), "name": config.label or choice.name}, ranks)
     result.env["start_method"] = start_method
-    note = never_compressed_note(config, result)
+    note = never_compressed_note(config, choice, result)
     if note:
         result.notes.append(note)
     return result
 
 
-def run(config: ExperimentConfig | None = None, cluster: Cluster | None = None, *, progress: bool = False,
-        on_step: StepCallback | None = None, **changes) -> Result:
+def run(
+    config: ExperimentConfig | None = None,
+    cluster: Cluster | None = None,
+    *,
+    progress: bool = False,
+    on_step: StepCallback | None = None,
+    **changes,
+) -> Result:
     """Run one experiment: ``run(hook="fp16", steps=10)`` or ``run(config, cluster=warm_cluster)``."""
     config = (config or ExperimentConfig()).replace(**changes)
-    config.check()
+    choice = config.check()
     bar = _Progress(config.steps, progress, on_step)
     try:
-        return _run_checked(config, cluster, bar)
+        return _run_checked(config, choice, cluster, bar)
     finally:
         bar.close()
 
 
-def compare(items: Iterable[Any] | None = None, base: ExperimentConfig | None = None,
-            cluster: Cluster | None = None, *, progress: bool = False, on_step: StepCallback | None = None,
-            **changes) -> ResultSet:
+def compare(
+    items: Iterable[Any] | None = None,
+    base: ExperimentConfig | None = None,
+    cluster: Cluster | None = None,
+    *,
+    progress: bool = False,
+    on_step: StepCallback | None = None,
+    **changes,
+) -> ResultSet:
     """Run several hooks (names, dicts of changes, or configs) on the same task; one start-up for all.
 
     Every config is checked before any process starts. Without a ``cluster`` the ranks are
@@ -122,19 +146,20 @@ def compare(items: Iterable[Any] | None = None, base: ExperimentConfig | None = 
     configs = [as_config(item, base) for item in (DEFAULT_COMPARISON if items is None else items)]
     if not configs:
         raise ValueError("compare needs at least one hook or config")
-    for config in configs:
-        config.check()
+    choices = [config.check() for config in configs]
     bar = _Progress(sum(c.steps for c in configs), progress, on_step)
     results = ResultSet()
     with contextlib.ExitStack() as stack:
-        clusters: dict[int, Cluster] = {}
-        for config in configs:
+        stack.callback(bar.close)
+        clusters: dict[tuple, Cluster] = {}
+        for config, choice in zip(configs, choices):
             use = cluster
             if use is None:
-                if config.world_size not in clusters:
-                    clusters[config.world_size] = stack.enter_context(
-                        Cluster(config.world_size, backend=config.backend, timeout_s=config.timeout_s))
-                use = clusters[config.world_size]
-            results.append(_run_checked(config, use, bar))
-    bar.close()
+                key = (config.world_size, config.backend)
+                if key not in clusters:
+                    clusters[key] = stack.enter_context(
+                        Cluster(config.world_size, backend=config.backend, timeout_s=config.timeout_s)
+                    )
+                use = clusters[key]
+            results.append(_run_checked(config, choice, use, bar))
     return results

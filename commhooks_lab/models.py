@@ -4,10 +4,12 @@ task whose gradients have a known low rank. Nothing is downloaded.
 A task is a model, a training set, an optional test set and a loss. ``model="module:function"``
 or a callable ``factory(seed) -> Task`` brings your own.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,7 +34,8 @@ class Task:
     description: str = ""
 
     def loss_fn(self) -> Callable:
-        return {"cross_entropy": nn.functional.cross_entropy, "mse": nn.functional.mse_loss}[self.loss]
+        losses: dict[str, Callable] = {"cross_entropy": nn.functional.cross_entropy, "mse": nn.functional.mse_loss}
+        return losses[self.loss]
 
 
 def digits(seed: int = 0, test_fraction: float = 0.2, as_images: bool = False):
@@ -61,16 +64,21 @@ def mlp_task(seed: int = 0) -> Task:
 def cnn_task(seed: int = 0) -> Task:
     torch.manual_seed(seed)
     model = nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 4 * 4, 10),
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 10),
     )
     train, test = digits(seed, as_images=True)
     return Task(model, train, test, "cross_entropy", TASK_SUMMARIES["cnn"])
 
 
-def lowrank_task(seed: int = 0, n: int = 2048, d_in: int = 256, d_out: int = 128,
-                 rank: int = LOWRANK_TRUE_RANK) -> Task:
+def lowrank_task(
+    seed: int = 0, n: int = 2048, d_in: int = 256, d_out: int = 128, rank: int = LOWRANK_TRUE_RANK
+) -> Task:
     """y = W* x with every x in one ``rank``-dim subspace: each weight gradient
     (sum of outer products err x^T) then has rank <= ``rank``, on every rank and in the mean."""
     gen = torch.Generator().manual_seed(seed + 1)
@@ -94,8 +102,9 @@ def resolve_task_factory(model: Any) -> Callable[[int], Task]:
             return BUILDERS[model]
         if ":" in model:
             return import_object(model, "model factory")
-        raise ValueError(f"unknown model {model!r}; choose one of {list(TASKS)}, or pass factory(seed) -> Task "
-                         "or 'module:function'")
+        raise ValueError(
+            f"unknown model {model!r}; choose one of {list(TASKS)}, or pass factory(seed) -> Task or 'module:function'"
+        )
     if callable(model):
         return model
     raise ValueError(f"model must be a name, a callable or 'module:function', got {model!r}")

@@ -3,10 +3,11 @@
 On one machine compression never speeds a step up (loopback is fast, encoding is not), so the
 lab does not fake a speed-up: it measures bytes and local times, then *models* the network.
 """
+
 from __future__ import annotations
 
 import statistics
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
@@ -39,8 +40,12 @@ def traffic(result: Result) -> dict:
     s = result.compressed_steps()
     gather_bytes = s["allgather_bytes"].mean()
     gather_calls = s["allgather_calls"].mean()
-    return {"allreduce_bytes": s["payload_bytes"].mean() - gather_bytes, "allgather_bytes": gather_bytes,
-            "allreduce_calls": s["collective_calls"].mean() - gather_calls, "allgather_calls": gather_calls}
+    return {
+        "allreduce_bytes": s["payload_bytes"].mean() - gather_bytes,
+        "allgather_bytes": gather_bytes,
+        "allreduce_calls": s["collective_calls"].mean() - gather_calls,
+        "allgather_calls": gather_calls,
+    }
 
 
 def link_bytes(t: dict, world_size: int) -> float:
@@ -60,16 +65,22 @@ def comm_seconds(t: dict, world_size: int, bandwidth_gbps: float, latency_us: fl
 
 
 def _by_name(results: Iterable[Result]) -> dict[str, Result]:
-    results = {r.name: r for r in results}
+    by_name = {r.name: r for r in results}
     for needed in ("allreduce", "noop"):
-        if needed not in results:
-            raise ValueError(f"the network model needs a run of '{needed}' among the results (it is the "
-                             f"{'baseline' if needed == 'allreduce' else 'compute-only reference'})")
-    return results
+        if needed not in by_name:
+            raise ValueError(
+                f"the network model needs a run of '{needed}' among the results (it is the "
+                f"{'baseline' if needed == 'allreduce' else 'compute-only reference'})"
+            )
+    return by_name
 
 
-def network_model(results: Iterable[Result], bandwidths_gbps: Sequence[float] = (1, 10, 100),
-                  world_sizes: Sequence[int] = (2, 8, 64), latency_us: float = 5.0) -> pd.DataFrame:
+def network_model(
+    results: Iterable[Result],
+    bandwidths_gbps: Sequence[float] = (1, 10, 100),
+    world_sizes: Sequence[int] = (2, 8, 64),
+    latency_us: float = 5.0,
+) -> pd.DataFrame:
     """Modelled time per step for every hook, bandwidth and world size (see ``ASSUMPTIONS``)."""
     runs = _by_name(results)
     compute = _median_step(runs["noop"])
@@ -82,13 +93,22 @@ def network_model(results: Iterable[Result], bandwidths_gbps: Sequence[float] = 
         for w in world_sizes:
             for bw in bandwidths_gbps:
                 comm = comm_seconds(t, w, bw, latency_us)
-                rows.append({"hook": name, "world_size": w, "bandwidth_gbps": bw, "compute_ms": compute * 1e3,
-                             "overhead_ms": overhead * 1e3, "comm_ms": comm * 1e3,
-                             "step_ms": (compute + overhead + comm) * 1e3})
+                rows.append(
+                    {
+                        "hook": name,
+                        "world_size": w,
+                        "bandwidth_gbps": bw,
+                        "compute_ms": compute * 1e3,
+                        "overhead_ms": overhead * 1e3,
+                        "comm_ms": comm * 1e3,
+                        "step_ms": (compute + overhead + comm) * 1e3,
+                    }
+                )
     table = pd.DataFrame(rows)
     base = table[table["hook"] == "allreduce"].set_index(["world_size", "bandwidth_gbps"])["step_ms"]
-    table["speedup_vs_allreduce"] = [base[(w, bw)] / ms for w, bw, ms in
-                                     zip(table["world_size"], table["bandwidth_gbps"], table["step_ms"])]
+    table["speedup_vs_allreduce"] = [
+        base[(w, bw)] / ms for w, bw, ms in zip(table["world_size"], table["bandwidth_gbps"], table["step_ms"])
+    ]
     return table
 
 
@@ -115,7 +135,15 @@ def break_even(results: Iterable[Result], world_size: int = 8, latency_us: float
         else:
             gbps = bits_saved / cost / 1e9
             verdict = f"below {gbps:.3g} Gbit/s"
-        rows.append({"hook": name, "world_size": world_size, "bytes_vs_allreduce":
-                     (t["allreduce_bytes"] + t["allgather_bytes"]) / (ref["allreduce_bytes"] + ref["allgather_bytes"]),
-                     "overhead_ms": overhead * 1e3, "break_even_gbps": gbps, "pays_off": verdict})
+        rows.append(
+            {
+                "hook": name,
+                "world_size": world_size,
+                "bytes_vs_allreduce": (t["allreduce_bytes"] + t["allgather_bytes"])
+                / (ref["allreduce_bytes"] + ref["allgather_bytes"]),
+                "overhead_ms": overhead * 1e3,
+                "break_even_gbps": gbps,
+                "pays_off": verdict,
+            }
+        )
     return pd.DataFrame(rows)

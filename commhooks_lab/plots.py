@@ -1,8 +1,10 @@
 """Pictures of what hooks do. Each function takes Result(s) and returns a matplotlib Figure;
 none calls ``plt.show()`` (a notebook cell does, so that nbval sees a stable output)."""
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -42,8 +44,13 @@ def error_per_step(results: Iterable[Result] | Result) -> Figure:
     """rel_error and 1 - cosine per step, one line per hook, on log axes."""
     results = _list(results)
     fig, (ax_err, ax_cos) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-    _draw_per_step(ax_err, results, lambda s: s["rel_error"], "rel_error = ||h - exact|| / ||exact||",
-                   "How far the hook's gradient is from the exact mean")
+    _draw_per_step(
+        ax_err,
+        results,
+        lambda s: s["rel_error"],
+        "rel_error = ||h - exact|| / ||exact||",
+        "How far the hook's gradient is from the exact mean",
+    )
     _draw_per_step(ax_cos, results, lambda s: 1 - s["cosine"], "1 - cosine(h, exact)", "Direction error")
     return fig
 
@@ -54,8 +61,12 @@ def layer_heatmap(result: Result, metric: str = "rel_error") -> Figure:
     table = table.loc[[n for n in dict.fromkeys(result.layers["layer"])]]  # model order
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(table) + 1.8), constrained_layout=True)
     values = _positive(table.to_numpy())
-    image = ax.imshow(values, aspect="auto", cmap="viridis",
-                      norm=matplotlib.colors.LogNorm(vmin=max(values.min(), FLOOR), vmax=max(values.max(), 2 * FLOOR)))
+    image = ax.imshow(
+        values,
+        aspect="auto",
+        cmap="viridis",
+        norm=matplotlib.colors.LogNorm(vmin=max(values.min(), FLOOR), vmax=max(values.max(), 2 * FLOOR)),
+    )
     ax.set_yticks(range(len(table)), table.index)
     ax.set_xticks(range(len(table.columns)), table.columns)
     ax.set(xlabel="step", title=f"{result.name}: {metric} per layer")
@@ -68,22 +79,31 @@ def gradient_agreement(result: Result) -> Figure:
     fig, (ax_spread, ax_scatter) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     s = result.steps
     ax_spread.plot(s["step"], s["rank_spread"], marker="o")
-    ax_spread.set(xlabel="step", ylabel="rank_spread = max |h_r - h_0|",
-                  title="Do all ranks agree? (0 = DDP's invariant)")
+    ax_spread.set(
+        xlabel="step", ylabel="rank_spread = max |h_r - h_0|", title="Do all ranks agree? (0 = DDP's invariant)"
+    )
     if s["rank_spread"].max() > 0:
         ax_spread.set_yscale("log")
     else:
         ax_spread.set_ylim(-0.05, 1)
-        ax_spread.text(0.5, 0.5, "every rank holds the same gradient\n(rank_spread = 0 at every step)",
-                       ha="center", transform=ax_spread.transAxes)
+        ax_spread.text(
+            0.5,
+            0.5,
+            "every rank holds the same gradient\n(rank_spread = 0 at every step)",
+            ha="center",
+            transform=ax_spread.transAxes,
+        )
     sample = result.sample
     if sample:
         exact, hook = np.asarray(sample["exact"]), np.asarray(sample["hook"])
         ax_scatter.scatter(exact, hook, s=4, alpha=0.5)
         lim = float(np.abs(np.concatenate([exact, hook])).max()) or 1.0
         ax_scatter.plot([-lim, lim], [-lim, lim], color="black", linewidth=0.8, label="h = exact")
-        ax_scatter.set(xlabel="exact mean gradient", ylabel="hook's gradient h",
-                       title=f"{sample['layer']} {tuple(sample['shape'])}, last step")
+        ax_scatter.set(
+            xlabel="exact mean gradient",
+            ylabel="hook's gradient h",
+            title=f"{sample['layer']} {tuple(sample['shape'])}, last step",
+        )
         ax_scatter.legend(fontsize="small")
     return fig
 
@@ -96,8 +116,13 @@ def _draw_tradeoff(ax, results: list[Result]) -> None:
         x, y = row["payload_vs_fp32"], max(row["rel_error"], FLOOR)
         ax.scatter([x], [y], s=40)
         ax.annotate(r.name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize="small")
-    ax.set(xscale="log", yscale="log", xlabel="payload / fp32 allreduce payload (bytes ratio)",
-           ylabel="mean rel_error over compressed steps", title="Bytes saved vs error paid")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="payload / fp32 allreduce payload (bytes ratio)",
+        ylabel="mean rel_error over compressed steps",
+        title="Bytes saved vs error paid",
+    )
     ax.grid(True, alpha=0.3)
 
 
@@ -112,7 +137,7 @@ def loss_curves(results: Iterable[Result], baseline: str | None = "allreduce") -
     """Training loss per step; the exact (``baseline``) run dashed, for reference."""
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
     for r in _list(results):
-        style = {"linestyle": "--", "color": "black"} if r.name == baseline else {}
+        style: dict[str, Any] = {"linestyle": "--", "color": "black"} if r.name == baseline else {}
         ax.plot(r.steps["step"], r.steps["loss"], label=r.name, **style)
     ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title="Does compression change training?")
     ax.legend(fontsize="small")
@@ -129,13 +154,17 @@ def precision_histogram(results: Iterable[Result]) -> Figure:
         exact, hook = np.asarray(r.sample["exact"]), np.asarray(r.sample["hook"])
         keep = exact != 0
         rel = _positive(np.abs(hook[keep] - exact[keep]) / np.abs(exact[keep]))
-        ax.hist(rel, bins=bins, histtype="step", linewidth=1.5, label=f"{r.name} ({r.sample['layer']})")
+        ax.hist(rel, bins=list(bins), histtype="step", linewidth=1.5, label=f"{r.name} ({r.sample['layer']})")
     marks = ((FP16_UNIT_ROUNDOFF, "fp16 unit roundoff 2^-11"), (BF16_UNIT_ROUNDOFF, "bf16 unit roundoff 2^-8"))
     for value, text in marks:
         ax.axvline(value, color="gray", linestyle=":")
         ax.text(value, 0.97, " " + text, rotation=90, va="top", fontsize="small", transform=ax.get_xaxis_transform())
-    ax.set(xscale="log", xlabel="element-wise relative error |h - exact| / |exact|", ylabel="elements",
-           title="Rounding error per element")
+    ax.set(
+        xscale="log",
+        xlabel="element-wise relative error |h - exact| / |exact|",
+        ylabel="elements",
+        title="Rounding error per element",
+    )
     ax.legend(fontsize="small", loc="upper left")
     return fig
 
@@ -153,23 +182,47 @@ def singular_values(result: Result, ranks: Sequence[int] = (1, 2, 4)) -> Figure:
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
     ax.plot(np.arange(1, nonzero.sum() + 1), sv[nonzero], marker=".")
     if not nonzero.all():
-        ax.text(0.98, 0.97, f"{(~nonzero).sum()} of {len(sv)} singular values are zero: rank {nonzero.sum()}",
-                ha="right", va="top", fontsize="small", transform=ax.transAxes)
+        ax.text(
+            0.98,
+            0.97,
+            f"{(~nonzero).sum()} of {len(sv)} singular values are zero: rank {nonzero.sum()}",
+            ha="right",
+            va="top",
+            fontsize="small",
+            transform=ax.transAxes,
+        )
     for r in ranks:
         if r <= len(sv):
             ax.axvline(r, color="gray", linestyle=":")
-            ax.text(r, 0.02, f" r={r}: {energy[r - 1]:.0%} of energy", rotation=90, fontsize="small",
-                    transform=ax.get_xaxis_transform())
-    ax.set(xscale="log", yscale="log", xlabel="index i", ylabel="singular value σ_i",
-           title=f"{sample['layer']} {tuple(sample['shape'])}: why low rank works")
+            ax.text(
+                r,
+                0.02,
+                f" r={r}: {energy[r - 1]:.0%} of energy",
+                rotation=90,
+                fontsize="small",
+                transform=ax.get_xaxis_transform(),
+            )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="index i",
+        ylabel="singular value σ_i",
+        title=f"{sample['layer']} {tuple(sample['shape'])}: why low rank works",
+    )
     return fig
 
 
 def cumulative_error(results: Iterable[Result]) -> Figure:
     """||Σ h_t - Σ exact_t|| / ||Σ exact_t||: what error feedback buys over many steps."""
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
-    _draw_per_step(ax, _list(results), lambda s: s["cumulative_rel_error"], "cumulative_rel_error",
-                   "Error of the summed gradient, steps that compressed", compressed_only=True)
+    _draw_per_step(
+        ax,
+        _list(results),
+        lambda s: s["cumulative_rel_error"],
+        "cumulative_rel_error",
+        "Error of the summed gradient, steps that compressed",
+        compressed_only=True,
+    )
     return fig
 
 
@@ -187,7 +240,7 @@ def convergence(results: Iterable[Result], baseline: str | None = "allreduce") -
     results = _list(results)
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
     for r in results:
-        style = {"linestyle": "--", "color": "black"} if r.name == baseline else {}
+        style: dict[str, Any] = {"linestyle": "--", "color": "black"} if r.name == baseline else {}
         ax_loss.plot(r.steps["step"], r.steps["loss"], label=r.name, **style)
         evals = r.steps.dropna(subset=["accuracy"])
         ax_acc.plot(evals["step"], evals["accuracy"], marker=".", label=r.name, **style)
@@ -197,15 +250,20 @@ def convergence(results: Iterable[Result], baseline: str | None = "allreduce") -
     return fig
 
 
-def network_time(model: "pd.DataFrame", world_size: int) -> Figure:
+def network_time(model: pd.DataFrame, world_size: int) -> Figure:
     """Modelled time per step against bandwidth (log-log), one line per hook, at one world size."""
     table = model[model["world_size"] == world_size]
     fig, ax = plt.subplots(figsize=(7.5, 5), constrained_layout=True)
     for name, rows in table.groupby("hook", sort=False):
-        style = {"linestyle": "--", "color": "black"} if name == "allreduce" else {}
+        style: dict[str, Any] = {"linestyle": "--", "color": "black"} if name == "allreduce" else {}
         ax.plot(rows["bandwidth_gbps"], rows["step_ms"], marker="o", label=name, **style)
-    ax.set(xscale="log", yscale="log", xlabel="link bandwidth (Gbit/s)", ylabel="modelled time per step (ms)",
-           title=f"{world_size} ranks: where each hook pays off (alpha-beta model)")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="link bandwidth (Gbit/s)",
+        ylabel="modelled time per step (ms)",
+        title=f"{world_size} ranks: where each hook pays off (alpha-beta model)",
+    )
     ax.legend(fontsize="small")
     ax.grid(True, alpha=0.3)
     return fig

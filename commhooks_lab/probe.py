@@ -16,10 +16,12 @@ h = the gradient the hook leaves in ``param.grad``):
 - ``rank_spread`` = max over parameters of max |h_r - h_0|: 0 is DDP's invariant
 - ``cumulative_rel_error`` = ||sum_t h_t - sum_t exact_t|| / ||sum_t exact_t||
 """
+
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,7 +47,7 @@ class PayloadCounter:
     ``allreduce_hook``, which gives bit-identical gradients.
     """
 
-    _installed: "PayloadCounter | None" = None
+    _installed: PayloadCounter | None = None
 
     def __init__(self) -> None:
         self.active = False
@@ -56,7 +58,7 @@ class PayloadCounter:
         self._lock = threading.Lock()
 
     @classmethod
-    def install(cls) -> "PayloadCounter":
+    def install(cls) -> PayloadCounter:
         if cls._installed is None:
             counter = cls()
             for name, (position, ring_factor) in _COLLECTIVES.items():
@@ -69,8 +71,11 @@ class PayloadCounter:
     def _counting(self, name, original, position, ring_factor):
         def collective(*args, **kwargs):
             if self.active:
-                tensor = args[position] if len(args) > position else next(
-                    (v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+                tensor = (
+                    args[position]
+                    if len(args) > position
+                    else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+                )
                 if isinstance(tensor, torch.Tensor):
                     size = tensor.numel() * tensor.element_size()
                     group = kwargs.get("group")
@@ -82,7 +87,7 @@ class PayloadCounter:
                         self.bytes_by_op[name] = self.bytes_by_op.get(name, 0) + size
             return original(*args, **kwargs)
 
-        collective.__wrapped__ = original
+        collective.__wrapped__ = original  # type: ignore[attr-defined]
         collective.__name__ = name
         return collective
 
@@ -101,8 +106,7 @@ class Probe:
     points, which :meth:`should_flush` guarantees (same sizes on every rank).
     """
 
-    def __init__(self, named_parameters, world_size: int, rank: int, measure: bool = True,
-                 flush_bytes: int = 32 << 20):
+    def __init__(self, named_parameters, world_size: int, rank: int, measure: bool = True, flush_bytes: int = 32 << 20):
         self.names = [n for n, _ in named_parameters]
         self.params = [p for _, p in named_parameters]
         self.sizes = [p.numel() for p in self.params]
@@ -140,11 +144,11 @@ class Probe:
             future = hook(state, bucket)
             if not wait:
                 return future
-            done = torch.futures.Future()
+            done: torch.futures.Future = torch.futures.Future()
             done.set_result(future.wait())
             return done
 
-        probed_hook.__wrapped__ = hook
+        probed_hook.__wrapped__ = hook  # type: ignore[attr-defined]
         return probed_hook
 
     def start_step(self) -> None:
@@ -159,12 +163,17 @@ class Probe:
         self.counter.active = False
         payload, counter = self.counter.payload_bytes, self.counter
         gather_ops = ("all_gather", "all_gather_into_tensor")
-        record = {"payload_bytes": payload, "ring_bytes": counter.ring_bytes,
-                  "allgather_bytes": sum(counter.bytes_by_op.get(op, 0) for op in gather_ops),
-                  "allgather_calls": sum(counter.calls.get(op, 0) for op in gather_ops),
-                  "collective_calls": sum(counter.calls.values()),
-                  "uncompressed_bytes": self.uncompressed_bytes, "buckets": self.buckets,
-                  "compressing": bool(0 < payload < self.uncompressed_bytes), "_loss": loss.detach().double().item()}
+        record: dict[str, Any] = {
+            "payload_bytes": payload,
+            "ring_bytes": counter.ring_bytes,
+            "allgather_bytes": sum(counter.bytes_by_op.get(op, 0) for op in gather_ops),
+            "allgather_calls": sum(counter.calls.get(op, 0) for op in gather_ops),
+            "collective_calls": sum(counter.calls.values()),
+            "uncompressed_bytes": self.uncompressed_bytes,
+            "buckets": self.buckets,
+            "compressing": bool(0 < payload < self.uncompressed_bytes),
+            "_loss": loss.detach().double().item(),
+        }
         if self.measure_enabled:
             missing = [n for n, p in zip(self.names, self.params) if id(p) not in self.local]
             if missing:
@@ -190,14 +199,18 @@ class Probe:
             if self.measure_enabled:
                 packed[i, :n] = rec["_local"]
                 if self.rank == 0:
-                    packed[i, n:2 * n] = rec["_h"]
+                    packed[i, n : 2 * n] = rec["_h"]
         dist.all_reduce(packed)  # sum of local gradients, rank 0's h, sum of losses: one collective
-        steps, layers = [], []
+        steps: list[dict] = []
+        layers: list[dict] = []
         if self.measure_enabled:
-            exact_all, h0_all = packed[:, :n] / self.world_size, packed[:, n:2 * n]
-            spread = torch.stack([
-                torch.stack([d.abs().max() for d in (rec.pop("_h") - h0).split(self.sizes)])
-                for rec, h0 in zip(records, h0_all)])
+            exact_all, h0_all = packed[:, :n] / self.world_size, packed[:, n : 2 * n]
+            spread = torch.stack(
+                [
+                    torch.stack([d.abs().max() for d in (rec.pop("_h") - h0).split(self.sizes)])
+                    for rec, h0 in zip(records, h0_all)
+                ]
+            )
             dist.all_reduce(spread, op=dist.ReduceOp.MAX)
         for i, rec in enumerate(records):
             rec.pop("_local", None)
@@ -212,12 +225,20 @@ class Probe:
     def _measure(self, row: dict, exact: torch.Tensor, h: torch.Tensor, spread: torch.Tensor) -> list[dict]:
         diff = h - exact
         layers = []
-        for name, size, d, e, hh, s in zip(self.names, self.sizes, diff.split(self.sizes),
-                                           exact.split(self.sizes), h.split(self.sizes), spread):
-            layers.append({"layer": name, "numel": size, **_errors(d, e, hh), "rank_spread": s.item(),
-                           "exact_norm": e.norm().item()})
+        for name, size, d, e, hh, s in zip(
+            self.names, self.sizes, diff.split(self.sizes), exact.split(self.sizes), h.split(self.sizes), spread
+        ):
+            layers.append(
+                {
+                    "layer": name,
+                    "numel": size,
+                    **_errors(d, e, hh),
+                    "rank_spread": s.item(),
+                    "exact_norm": e.norm().item(),
+                }
+            )
         self.last = dict(zip(self.names, zip(h.split(self.sizes), exact.split(self.sizes))))
-        if self.sum_h is None:
+        if self.sum_h is None or self.sum_exact is None:
             self.sum_h, self.sum_exact = torch.zeros_like(h), torch.zeros_like(exact)
         self.sum_h += h
         self.sum_exact += exact

@@ -2,26 +2,37 @@
 
 Saved as JSON, never pickle: a result file is data anyone can open, and loading one runs no code.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any
 
 import pandas as pd
 
 FORMAT = "commhooks_lab.Result"
 #: How the summary columns are shown: enough digits to compare hooks, few enough to stay stable.
-SUMMARY_FORMATS = {"rel_error": "{:.2e}", "cosine": "{:.4f}", "rank_spread": "{:.1e}", "payload_vs_fp32": "{:.4f}",
-                   "final_loss": "{:.4f}", "accuracy": "{:.3f}"}
+SUMMARY_FORMATS = {
+    "rel_error": "{:.2e}",
+    "cosine": "{:.4f}",
+    "rank_spread": "{:.1e}",
+    "payload_vs_fp32": "{:.4f}",
+    "final_loss": "{:.4f}",
+    "accuracy": "{:.3f}",
+}
 VERSION = 1
 
 
 def _frame_to_json(df: pd.DataFrame) -> dict:
-    return {"columns": list(df.columns), "dtypes": {c: str(t) for c, t in df.dtypes.items()},
-            "data": df.astype(object).where(df.notna(), None).values.tolist()}
+    return {
+        "columns": list(df.columns),
+        "dtypes": {c: str(t) for c, t in df.dtypes.items()},
+        "data": df.astype(object).where(df.notna(), None).values.tolist(),
+    }
 
 
 def _frame_from_json(data: dict) -> pd.DataFrame:
@@ -50,10 +61,6 @@ class Result:
         """Did every rank end with bit-identical parameters (DDP's invariant)?"""
         return len(set(self.final.get("param_digests", []))) == 1
 
-    @property
-    def losses(self) -> pd.Series:
-        return self.steps.set_index("step")["loss"]
-
     def compressed_steps(self) -> pd.DataFrame:
         """The steps where the hook compressed, or all steps if it never did."""
         compressed = self.steps[self.steps["compressing"]] if "compressing" in self.steps else self.steps
@@ -62,10 +69,13 @@ class Result:
     def summary(self) -> dict:
         """One row for comparison tables: error and bytes over the steps where the hook compressed."""
         s, compressed = self.steps, self.compressed_steps()
-        row = {"hook": self.name}
+        row: dict[str, Any] = {"hook": self.name}
         if "rel_error" in s:
-            row.update(rel_error=compressed["rel_error"].mean(), cosine=compressed["cosine"].mean(),
-                       rank_spread=s["rank_spread"].max())
+            row.update(
+                rel_error=compressed["rel_error"].mean(),
+                cosine=compressed["cosine"].mean(),
+                rank_spread=s["rank_spread"].max(),
+            )
         row["compressed_steps"] = f"{int(s['compressing'].sum())}/{len(s)}"
         fp32 = compressed["uncompressed_bytes"].sum()
         row["payload_vs_fp32"] = compressed["payload_bytes"].sum() / fp32 if fp32 else math.nan
@@ -76,9 +86,17 @@ class Result:
         return row
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, "config": self.config, "steps": _frame_to_json(self.steps),
-                "layers": _frame_to_json(self.layers), "notes": self.notes, "env": self.env, "final": self.final,
-                "sample": self.sample}
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "config": self.config,
+            "steps": _frame_to_json(self.steps),
+            "layers": _frame_to_json(self.layers),
+            "notes": self.notes,
+            "env": self.env,
+            "final": self.final,
+            "sample": self.sample,
+        }
 
     def save(self, path) -> Path:
         path = Path(path)
@@ -130,8 +148,15 @@ def load(path) -> Result | ResultSet:
         raise ValueError(f"{path} is not a saved commhooks_lab Result")
     if data.get("version") != VERSION:
         raise ValueError(f"{path} has Result format version {data.get('version')}; this lab reads {VERSION}")
-    return Result(data["config"], _frame_from_json(data["steps"]), _frame_from_json(data["layers"]),
-                  data["notes"], data["env"], data["final"], data.get("sample"))
+    return Result(
+        data["config"],
+        _frame_from_json(data["steps"]),
+        _frame_from_json(data["layers"]),
+        data["notes"],
+        data["env"],
+        data["final"],
+        data.get("sample"),
+    )
 
 
 def from_ranks(config_dict: dict, ranks: Iterable[dict]) -> Result:

@@ -1,5 +1,6 @@
 """Reference solutions to the notebooks' exercises. Peek only when stuck: the notebooks print
 them at the end, and call them until you replace them with your own code."""
+
 from __future__ import annotations
 
 import torch
@@ -35,7 +36,7 @@ def topk_ef_hook(state: dict, bucket) -> torch.futures.Future:
     for v, i in zip(gathered_values, gathered_indices):
         grad.index_add_(0, i, v)
     grad.div_(world)
-    future = torch.futures.Future()
+    future: torch.futures.Future = torch.futures.Future()
     future.set_result(grad)
     return future
 
@@ -53,6 +54,6 @@ def sign_ef_hook(state: dict, bucket) -> torch.futures.Future:
     dist.all_gather(gathered_signs, signs)
     dist.all_gather(gathered_scales, scale)
     grad.copy_(sum(s * g for s, g in zip(gathered_scales, gathered_signs)) / world)
-    future = torch.futures.Future()
+    future: torch.futures.Future = torch.futures.Future()
     future.set_result(grad)
     return future

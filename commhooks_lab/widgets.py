@@ -5,19 +5,22 @@ not a start-up. Plots are PNG images and the runs table is HTML, so what the das
 is plain widget state: a test can drive it in the kernel (``lab.run_button.click()``) and read
 exactly what a browser would render.
 """
+
 from __future__ import annotations
 
 import html
 import io
+import threading
 import time
 
 import ipywidgets as w
 import matplotlib.pyplot as plt
 
-from .cluster import Cluster
+from . import registry
+from .availability import available_hooks
 from .config import ExperimentConfig
 from .experiment import run
-from .hooks import HOOKS, POWER_SGD_HOOKS, WRAPPERS, available_hooks
+from .launcher import Cluster
 from .models import TASKS
 from .plots import gradient_agreement, overview
 from .result import ResultSet
@@ -31,11 +34,34 @@ def figure_png(fig, dpi: int = 80) -> bytes:
     return buffer.getvalue()
 
 
+#: Options the dashboard shows with other starting values than PyTorch's: PowerSGD compresses
+#: from step 2 (its default, 1000, would never compress in a short run).
+DASHBOARD_DEFAULTS = {"start_powerSGD_iter": 2, "min_compression_rate": 2.0}
+#: State options left to code: rarely what a learner explores.
+DASHBOARD_HIDDEN = {
+    "orthogonalization_epsilon",
+    "random_seed",
+    "compression_stats_logging_frequency",
+    "batch_tensors_with_same_shape",
+    "seed",
+}
+
+
+def option_widget(name: str, default, style: dict) -> w.Widget:
+    """A control for one state option, by the type of its default."""
+    if isinstance(default, bool):
+        return w.Checkbox(value=default, description=name)
+    if isinstance(default, int):
+        return w.IntText(value=default, description=name, style=style)
+    return w.FloatText(value=default, description=name, style=style)
+
+
 def _unavailable_html() -> str:
     table = available_hooks()
     rows = table[~table["runs_here"]]
-    items = "".join(f"<li><code>{html.escape(r['name'])}</code>: {html.escape(r['note'])}</li>"
-                    for _, r in rows.iterrows())
+    items = "".join(
+        f"<li><code>{html.escape(r['name'])}</code>: {html.escape(r['note'])}</li>" for _, r in rows.iterrows()
+    )
     return f"<details><summary>PyTorch hooks not offered here ({len(rows)})</summary><ul>{items}</ul></details>"
 
 
@@ -50,17 +76,12 @@ class HookLab:
 
     def __init__(self, world_size: int = 2, steps: int = 20, model: str = "mlp", max_plotted_runs: int = 6):
         style = {"description_width": "150px"}
-        self.hook = w.Dropdown(options=list(HOOKS), value="fp16", description="hook", style=style)
-        self.wrapper = w.Dropdown(options=list(WRAPPERS), value="no", description="wrapper", style=style)
-        self.rank = w.BoundedIntText(value=1, min=-100, max=1024, description="matrix_approximation_rank",
-                                     style=style)
-        self.start_iter = w.BoundedIntText(value=2, min=-100, max=100_000, description="start_powerSGD_iter",
-                                           style=style)
-        self.error_feedback = w.Checkbox(value=True, description="use_error_feedback")
-        self.warm_start = w.Checkbox(value=True, description="warm_start")
-        self.min_rate = w.BoundedFloatText(value=2.0, min=-1.0, max=1000.0, description="min_compression_rate",
-                                           style=style)
-        self.powersgd_box = w.VBox([self.rank, self.start_iter, self.error_feedback, self.warm_start, self.min_rate])
+        self._style = style
+        self.hook = w.Dropdown(options=registry.hook_names(), value="fp16", description="hook", style=style)
+        self.wrapper = w.Dropdown(options=registry.wrapper_names(), value="no", description="wrapper", style=style)
+        #: One control per state option name, made when a hook that takes it is first chosen.
+        self.options: dict[str, w.Widget] = {}
+        self.options_box = w.VBox([])
         self.world_size = w.Dropdown(options=[1, 2, 3, 4], value=world_size, description="world_size", style=style)
         self.steps = w.IntSlider(value=steps, min=2, max=200, description="steps", style=style)
         self.model = w.Dropdown(options=list(TASKS), value=model, description="model", style=style)
@@ -76,32 +97,72 @@ class HookLab:
         self.max_plotted_runs = max_plotted_runs
         self.last_click_s: float | None = None
 
+        # Which of PyTorch's hooks fail here comes from trying them (seconds, once per kernel): in the background.
+        self.unavailable = w.HTML("<i>trying PyTorch's other hooks on this machine...</i>")
+        self._tryout = threading.Thread(target=self._fill_unavailable, name="hooklab-tryout", daemon=True)
+        self._tryout.start()
         self.hook.observe(self._sync_visibility, names="value")
         self.run_button.on_click(self._on_run)
         self._sync_visibility()
-        controls = w.VBox([self.hook, self.wrapper, self.powersgd_box, self.world_size, self.steps, self.model,
-                           w.HBox([self.run_button, self.progress]), self.status, self.error,
-                           w.HTML(_unavailable_html())])
-        self.widget = w.VBox([w.HTML("<h3>HookLab: DDP communication hooks, measured</h3>"), controls,
-                              self.plot, self.agreement, w.HTML("<b>This session's runs</b>"), self.table])
+        controls = w.VBox(
+            [
+                self.hook,
+                self.wrapper,
+                self.options_box,
+                self.world_size,
+                self.steps,
+                self.model,
+                w.HBox([self.run_button, self.progress]),
+                self.status,
+                self.error,
+                self.unavailable,
+            ]
+        )
+        self.widget = w.VBox(
+            [
+                w.HTML("<h3>HookLab: DDP communication hooks, measured</h3>"),
+                controls,
+                self.plot,
+                self.agreement,
+                w.HTML("<b>This session's runs</b>"),
+                self.table,
+            ]
+        )
 
     # -- what the controls say -----------------------------------------------------------------
+    def _fill_unavailable(self) -> None:
+        try:
+            self.unavailable.value = _unavailable_html()
+        except Exception as exc:  # a table we could not make must not break the dashboard
+            self.unavailable.value = f"<i>could not try PyTorch's other hooks: {html.escape(str(exc))}</i>"
+
+    def _shown_options(self) -> list[str]:
+        defaults = registry.get(self.hook.value).defaults()
+        return [name for name in defaults if name not in DASHBOARD_HIDDEN]
+
     def _sync_visibility(self, *_):
-        hook = self.hook.value
-        self.powersgd_box.layout.display = "" if hook in POWER_SGD_HOOKS else "none"
-        self.wrapper.disabled = hook == "no"
-        if hook == "no":
+        entry = registry.get(self.hook.value)
+        defaults = {**entry.defaults(), **DASHBOARD_DEFAULTS}
+        for name in self._shown_options():
+            if name not in self.options:
+                self.options[name] = option_widget(name, defaults[name], self._style)
+        self.options_box.children = [self.options[name] for name in self._shown_options()]
+        takes_wrapper = entry.kind == registry.HOOK and entry.name != "no"
+        self.wrapper.disabled = not takes_wrapper
+        if not takes_wrapper:
             self.wrapper.value = "no"
 
     def config(self) -> ExperimentConfig:
         """The ExperimentConfig the controls describe (not yet checked)."""
-        options = {}
-        if self.hook.value in POWER_SGD_HOOKS:
-            options = {"matrix_approximation_rank": self.rank.value, "start_powerSGD_iter": self.start_iter.value,
-                       "use_error_feedback": self.error_feedback.value, "warm_start": self.warm_start.value,
-                       "min_compression_rate": self.min_rate.value}
-        return ExperimentConfig(hook=self.hook.value, wrapper=self.wrapper.value, state_options=options,
-                                world_size=self.world_size.value, steps=self.steps.value, model=self.model.value)
+        options = {name: self.options[name].value for name in self._shown_options()}
+        return ExperimentConfig(
+            hook=self.hook.value,
+            wrapper=self.wrapper.value,
+            state_options=options,
+            world_size=self.world_size.value,
+            steps=self.steps.value,
+            model=self.model.value,
+        )
 
     # -- running ---------------------------------------------------------------------------------
     def _cluster_for(self, world_size: int) -> Cluster:
@@ -130,25 +191,30 @@ class HookLab:
             result = run(config, cluster=cluster, on_step=self._on_step)
             self.results.append(result)
             self._render()
-            self.status.value = (f"done: <b>{html.escape(result.name)}</b>, rel_error "
-                                 f"{result.summary()['rel_error']:.3g}; runs this session: {len(self.results)}")
+            self.status.value = (
+                f"done: <b>{html.escape(result.name)}</b>, rel_error "
+                f"{result.summary()['rel_error']:.3g}; runs this session: {len(self.results)}"
+            )
         except Exception as exc:  # the message belongs in the dashboard, not in a traceback
-            self.error.value = (f"<pre style='color:#b00020;white-space:pre-wrap'>"
-                                f"{html.escape(type(exc).__name__)}: {html.escape(str(exc))}</pre>")
+            self.error.value = (
+                f"<pre style='color:#b00020;white-space:pre-wrap'>"
+                f"{html.escape(type(exc).__name__)}: {html.escape(str(exc))}</pre>"
+            )
             self.status.value = "failed: see the message below; change an option and run again"
         finally:
             self.run_button.disabled = False
             self.last_click_s = time.perf_counter() - start
 
     def _render(self) -> None:
-        recent = self.results[-self.max_plotted_runs:]
+        recent = self.results[-self.max_plotted_runs :]
         self.plot.value = figure_png(overview(recent))  # figure_png closes each figure it renders
         self.agreement.value = figure_png(gradient_agreement(self.results[-1]))
         table = self.results.table().drop(columns=["notes"])
         table.index = [f"{i + 1}. {name}" for i, name in enumerate(table.index)]
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in dict.fromkeys(self.results[-1].notes))
         self.table.value = table.to_html(float_format=lambda v: f"{v:.3g}", classes="hooklab-runs") + (
-            f"<p><b>Notes on the last run</b></p><ul>{notes}</ul>" if notes else "")
+            f"<p><b>Notes on the last run</b></p><ul>{notes}</ul>" if notes else ""
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:

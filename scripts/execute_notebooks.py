@@ -7,6 +7,7 @@ details), so that a diff shows what the lessons say, not when they ran. Executio
 a clean top-to-bottom run numbers the cells 1..N, and nbval only checks cells that ran. Each notebook's run
 time is printed: every one must stay under a minute on a 2-core machine.
 """
+
 from __future__ import annotations
 
 import sys
@@ -36,8 +37,9 @@ def strip_volatile(nb: nbformat.NotebookNode) -> None:
 def execute(path: Path) -> float:
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
-    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
-                   allow_errors=False).execute()
+    NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}, allow_errors=False
+    ).execute()
     elapsed = time.perf_counter() - start
     strip_volatile(nb)
     nbformat.write(nb, path)

@@ -3,7 +3,6 @@ import time
 import psutil
 import pytest
 
-
 # multiprocessing's own singletons: one per parent, they leave when the parent does.
 SHARED_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 

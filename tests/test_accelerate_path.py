@@ -1,4 +1,5 @@
 """The Accelerate form of each hook does exactly what the plain PyTorch form does."""
+
 import pytest
 
 import commhooks_lab as lab
@@ -31,8 +32,10 @@ def cluster():
 @pytest.mark.parametrize("case", list(ACCELERATE_CASES))
 def test_accelerate_and_plain_pytorch_train_bit_identical_parameters(cluster, case):
     hook, wrapper, options = ACCELERATE_CASES[case]
-    torch_run, accel_run = (lab.run(hook=hook, wrapper=wrapper, state_options=options, steps=4, api=api,
-                                    cluster=cluster) for api in ("torch", "accelerate"))
+    torch_run, accel_run = (
+        lab.run(hook=hook, wrapper=wrapper, state_options=options, steps=4, api=api, cluster=cluster)
+        for api in ("torch", "accelerate")
+    )
     assert accel_run.final["param_digests"] == torch_run.final["param_digests"]
     assert accel_run.ranks_agree
     assert list(accel_run.steps["payload_bytes"]) == list(torch_run.steps["payload_bytes"])
@@ -43,8 +46,7 @@ def test_accelerate_and_plain_pytorch_train_bit_identical_parameters(cluster, ca
 
 
 def test_bf16_refusal_is_the_one_accelerate_would_meet(cluster):
-    result = lab.run(hook="power_sgd", wrapper="bf16", state_options=START, steps=3, api="accelerate",
-                     cluster=cluster)
+    result = lab.run(hook="power_sgd", wrapper="bf16", state_options=START, steps=3, api="accelerate", cluster=cluster)
     (note,) = result.notes
     assert "bf16_compress_wrapper_hook" in note and "TypeError: BF16 all reduce communication hook" in note
 

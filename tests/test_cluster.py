@@ -1,15 +1,16 @@
 """Cluster: warm ranks between runs, clean restart after errors, nothing left behind."""
+
 import gc
 import subprocess
 import sys
 import textwrap
 import time
 
-import pytest
-
 import _workers
-from commhooks_lab import Cluster, WorkerError
+import pytest
 from conftest import wait_gone
+
+from commhooks_lab import Cluster, WorkerError
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -59,8 +60,9 @@ def test_a_crash_at_teardown_after_results_is_reported_not_raised():
 
 
 def _python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_interpreter_exit_stops_the_ranks():

@@ -1,4 +1,5 @@
 """The compressor zoo: each compressor's defining property, honest bytes, and a correct DDP hook."""
+
 import math
 
 import matplotlib
@@ -8,8 +9,18 @@ import torch
 
 import commhooks_lab as lab
 from commhooks_lab import netmodel, plots, studies
-from commhooks_lab.compressors import (QSGD, ErrorFeedback, Int8PerChannel, RandomK, ScaledSign, TernGrad, TopK,
-                                       Where, pack_signs, unpack_signs)
+from commhooks_lab.compressors import (
+    QSGD,
+    ErrorFeedback,
+    Int8PerChannel,
+    RandomK,
+    ScaledSign,
+    TernGrad,
+    TopK,
+    Where,
+    pack_signs,
+    unpack_signs,
+)
 from commhooks_lab.models import build_task
 
 matplotlib.use("Agg")
@@ -84,8 +95,14 @@ def analytic_payload(compressor, model="mlp") -> int:
         n = p.numel()
         k = max(1, math.ceil(getattr(compressor, "ratio", 0) * n))
         rows = p.shape[0] if p.dim() > 1 else 1
-        total += {"TopK": k * 8, "RandomK": k * 4, "ScaledSign": math.ceil(n / 8) + 4, "QSGD": n + 4,
-                  "TernGrad": n + 4, "Int8PerChannel": n + rows * 8}[type(compressor).__name__]
+        total += {
+            "TopK": k * 8,
+            "RandomK": k * 4,
+            "ScaledSign": math.ceil(n / 8) + 4,
+            "QSGD": n + 4,
+            "TernGrad": n + 4,
+            "Int8PerChannel": n + rows * 8,
+        }[type(compressor).__name__]
     return total
 
 

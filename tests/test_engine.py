@@ -1,11 +1,12 @@
 """The measuring engine against facts that hold for every correct implementation."""
+
 import math
 
+import _workers
 import pandas as pd
 import psutil
 import pytest
 
-import _workers
 import commhooks_lab as lab
 from commhooks_lab import ExperimentConfig
 from commhooks_lab.compressors import TopK
@@ -86,8 +87,9 @@ def analytic_powersgd_bytes(model: str, rank: int, min_rate: float = 2) -> int:
 
 @pytest.mark.parametrize("model", ["mlp", "cnn", "lowrank"])
 def test_powersgd_payload_matches_the_analytic_count(cluster, model):
-    results = lab.compare([{"state_options": powersgd(r)} for r in (1, 2, 4)], hook="power_sgd", model=model,
-                          steps=3, cluster=cluster)
+    results = lab.compare(
+        [{"state_options": powersgd(r)} for r in (1, 2, 4)], hook="power_sgd", model=model, steps=3, cluster=cluster
+    )
     for rank, result in zip((1, 2, 4), results):
         s = result.steps
         assert list(s["compressing"]) == [False, False, True]
@@ -97,8 +99,9 @@ def test_powersgd_payload_matches_the_analytic_count(cluster, model):
 
 def test_powersgd_error_falls_as_rank_rises_on_the_lowrank_task(cluster):
     ranks = (1, 2, LOWRANK_TRUE_RANK)
-    results = lab.compare([{"state_options": powersgd(r)} for r in ranks], hook="power_sgd", model="lowrank",
-                          steps=4, cluster=cluster)
+    results = lab.compare(
+        [{"state_options": powersgd(r)} for r in ranks], hook="power_sgd", model="lowrank", steps=4, cluster=cluster
+    )
     errors = [r.steps["rel_error"].iloc[-1] for r in results]
     assert errors[0] > errors[1] > errors[2]
     assert errors[2] < 1e-4  # at the true rank one power iteration recovers the matrix
@@ -118,8 +121,7 @@ def test_powersgd_that_never_compresses_says_why(cluster):
 
 
 def test_powersgd_blocked_by_min_compression_rate_says_so(cluster):
-    result = lab.run(hook="power_sgd", state_options=powersgd(1, min_compression_rate=1000), steps=3,
-                     cluster=cluster)
+    result = lab.run(hook="power_sgd", state_options=powersgd(1, min_compression_rate=1000), steps=3, cluster=cluster)
     (note,) = [n for n in result.notes if "never compressed" in n]
     assert "min_compression_rate=1000" in note and "Lower min_compression_rate" in note
 
@@ -131,28 +133,40 @@ def test_batched_powersgd_runs_with_the_fix_and_says_so(cluster):
     assert any("batched_powerSGD_hook hands a 2-D matrix to _orthogonalize" in n for n in result.notes)
 
 
-@pytest.mark.parametrize("hook, options", [
-    ("no", {}), ("allreduce", {}), ("fp16", {}), ("power_sgd", powersgd(1)), ("batched_power_sgd", powersgd(2)),
-])
+@pytest.mark.parametrize(
+    "hook, options",
+    [
+        ("no", {}),
+        ("allreduce", {}),
+        ("fp16", {}),
+        ("power_sgd", powersgd(1)),
+        ("batched_power_sgd", powersgd(2)),
+    ],
+)
 def test_the_probe_never_changes_the_trained_parameters(cluster, hook, options):
-    on, off = (lab.run(hook=hook, state_options=options, steps=4, probe=p, cluster=cluster) for p in (True, False))
-    assert on.final["param_digests"] == off.final["param_digests"]
+    """Against a plain DDP loop with no lab code in it (tests/_workers.plain_ddp_digest), not just measure=False."""
+    config = ExperimentConfig(hook=hook, state_options=options, steps=4)
+    on, off = (lab.run(config, measure=m, cluster=cluster) for m in (True, False))
+    (plain, _) = cluster.run(_workers.plain_ddp_digest, hook, options, 4)
+    assert on.final["param_digests"] == off.final["param_digests"] == [plain, plain]
     assert "rel_error" in on.steps and "rel_error" not in off.steps
 
 
 def test_same_seed_gives_bit_identical_numbers(cluster):
     config = ExperimentConfig(hook="power_sgd", state_options=powersgd(2), steps=4)
     first, second = lab.run(config, cluster=cluster), lab.run(config, cluster=cluster)
-    pd.testing.assert_frame_equal(first.steps.drop(columns="step_time_s"), second.steps.drop(columns="step_time_s"),
-                                  check_exact=True)
+    pd.testing.assert_frame_equal(
+        first.steps.drop(columns="step_time_s"), second.steps.drop(columns="step_time_s"), check_exact=True
+    )
     pd.testing.assert_frame_equal(first.layers, second.layers, check_exact=True)
     other = lab.run(config.replace(seed=1), cluster=cluster)
     assert other.final["param_digests"] != first.final["param_digests"]
 
 
 def test_a_multi_bucket_model_runs_powersgd_safely_on_gloo(cluster):
-    result = lab.run(hook="power_sgd", state_options=powersgd(1), model="cnn", bucket_cap_mb=0.01, steps=3,
-                     cluster=cluster)
+    result = lab.run(
+        hook="power_sgd", state_options=powersgd(1), model="cnn", bucket_cap_mb=0.01, steps=3, cluster=cluster
+    )
     assert result.steps["buckets"].iloc[-1] > 1
     last = result.layers[result.layers["step"] == 2]
     assert last["bucket"].nunique() == result.steps["buckets"].iloc[-1]  # per-bucket view of the layers
@@ -171,7 +185,7 @@ def test_wrappers_and_accelerate_enum_members_are_accepted(cluster):
     accelerate = pytest.importorskip("accelerate.utils")
     kind = accelerate.DDPCommunicationHookType
     result = lab.run(hook=kind.POWER_SGD, wrapper=kind.FP16, state_options=powersgd(1), steps=3, cluster=cluster)
-    assert result.name == "fp16_wrapper(power_sgd) r1"
+    assert result.name == "fp16_wrapper(power_sgd r1)"
     plain = lab.run(hook="power_sgd", state_options=powersgd(1), steps=3, cluster=cluster)
     assert result.steps["payload_bytes"].iloc[-1] * 2 == plain.steps["payload_bytes"].iloc[-1]
 
@@ -181,26 +195,31 @@ def test_a_cluster_of_another_size_is_refused(cluster):
         lab.run(world_size=3, cluster=cluster)
 
 
-@pytest.mark.parametrize("changes, text", [
-    ({"hook": "power_sgd", "state_options": {"matrix_aproximation_rank": 2}},
-     "did you mean 'matrix_approximation_rank'"),
-    ({"hook": "power_sgd", "state_options": {"matrix_approximation_rank": 0}}, "matrix_approximation_rank must be"),
-    ({"hook": "power_sgd", "state_options": {"start_powerSGD_iter": 1}}, "DDP rebuilds its gradient buckets"),
-    ({"hook": "fp16", "state_options": {"matrix_approximation_rank": 2}}, "keeps no state"),
-    ({"hook": "fp61"}, "did you mean 'fp16'"),
-    ({"hook": "no", "wrapper": "fp16"}, "needs a hook to wrap"),
-    ({"wrapper": "int8"}, "unknown wrapper"),
-    ({"hook": lambda state: None}, "exactly \\(state, bucket\\)"),
-    ({"hook": "nowhere:hook"}, "cannot import hook"),
-    ({"model": "resnet"}, "unknown model"),
-    ({"steps": 0}, "steps must be"),
-    ({"lr": -1}, "lr must be"),
-    ({"optimizer": "lion"}, "unknown optimizer"),
-    ({"world_size": 0}, "at least 1"),
-    ({"api": "jax"}, "unknown api"),
-    ({"hook": TopK(0.01), "wrapper": "fp16"}, "makes its own payload"),
-    ({"hook": TopK(0.01), "state_options": {"rank": 2}}, "takes only state_options"),
-])
+@pytest.mark.parametrize(
+    "changes, text",
+    [
+        (
+            {"hook": "power_sgd", "state_options": {"matrix_aproximation_rank": 2}},
+            "did you mean 'matrix_approximation_rank'",
+        ),
+        ({"hook": "power_sgd", "state_options": {"matrix_approximation_rank": 0}}, "matrix_approximation_rank must be"),
+        ({"hook": "power_sgd", "state_options": {"start_powerSGD_iter": 1}}, "DDP rebuilds its gradient buckets"),
+        ({"hook": "fp16", "state_options": {"matrix_approximation_rank": 2}}, "keeps no state"),
+        ({"hook": "fp61"}, "did you mean 'fp16'"),
+        ({"hook": "no", "wrapper": "fp16"}, "needs a hook to wrap"),
+        ({"wrapper": "int8"}, "unknown wrapper"),
+        ({"hook": lambda state: None}, "exactly \\(state, bucket\\)"),
+        ({"hook": "nowhere:hook"}, "cannot import hook"),
+        ({"model": "resnet"}, "unknown model"),
+        ({"steps": 0}, "steps must be"),
+        ({"lr": -1}, "lr must be"),
+        ({"optimizer": "lion"}, "unknown optimizer"),
+        ({"world_size": 0}, "at least 1"),
+        ({"api": "jax"}, "unknown api"),
+        ({"hook": TopK(0.01), "wrapper": "fp16"}, "makes its own payload"),
+        ({"hook": TopK(0.01), "state_options": {"rank": 2}}, "takes only state_options"),
+    ],
+)
 def test_invalid_options_are_refused_before_any_process_starts(changes, text):
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(ValueError, match=text):
@@ -216,7 +235,12 @@ def test_save_and_load_round_trip_exactly(basic, tmp_path):
     pd.testing.assert_frame_equal(loaded.steps, original.steps, check_exact=True)
     pd.testing.assert_frame_equal(loaded.layers, original.layers, check_exact=True)
     assert (loaded.config, loaded.notes, loaded.env, loaded.final, loaded.sample) == (
-        original.config, original.notes, original.env, original.final, original.sample)
+        original.config,
+        original.notes,
+        original.env,
+        original.final,
+        original.sample,
+    )
     folder = basic.save(tmp_path / "all")
     assert [r.name for r in lab.load(tmp_path / "all")] == [r.name for r in basic] and len(folder) == 5
 
@@ -232,6 +256,14 @@ def test_available_hooks_says_what_runs_here_and_why_not():
     table = lab.available_hooks()
     hooks = table[table["kind"] == "hook"].set_index("name")
     assert list(hooks.index) == ["no", "allreduce", "fp16", "bf16", "power_sgd", "batched_power_sgd", "noop"]
-    assert "CUDA" in hooks.loc["bf16", "note"]
-    quant = table.set_index("name").loc["quantization_pertensor_hook"]
-    assert not quant["runs_here"] and "IndexError" in quant["note"]
+    assert hooks["runs_here"].all()
+    # the notes quote what trying each one on this machine raised, not a typed guess
+    assert "TypeError: BF16 all reduce communication hook required CUDA 11+" in hooks.loc["bf16", "note"]
+    assert "AssertionError" in hooks.loc["batched_power_sgd", "note"]
+    compressors = table[table["kind"] == "compressor"]["name"].tolist()
+    assert compressors == ["topk", "randomk", "sign", "qsgd", "terngrad", "int8"]
+    other = table[table["kind"] == "pytorch (not in the lab)"].set_index("name")
+    assert "IndexError: invalid index of a 0-dim tensor" in other.loc["quantization_pertensor_hook", "note"]
+    assert "list of 1 Tensor" in other.loc["quantization_pertensor_hook", "note"]  # gloo's all_gather layout
+    assert "CUDA" in other.loc["post_localSGD_hook", "note"]
+    assert not other.loc[["quantization_pertensor_hook", "post_localSGD_hook"], "runs_here"].any()

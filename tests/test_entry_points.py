@@ -1,4 +1,5 @@
 """The ways in: a function from a notebook cell, the CLI, and torchrun on a real cluster."""
+
 import os
 import shutil
 import signal
@@ -36,8 +37,9 @@ def test_a_function_defined_in_a_notebook_cell_runs_under_spawn(tmp_path):
 def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     """Run a command in its own session; on timeout end the whole session (torchrun's ranks too)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -74,8 +76,11 @@ def test_main_job_compares_hooks_and_writes_its_outputs(tmp_path):
     out = _run([sys.executable, "-m", "commhooks_lab", "--steps", "4", "--quiet", "--out", str(tmp_path)])
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    table = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in
-             ("allreduce", "fp16", "bf16", "power_sgd", "batched_power_sgd", "noop")}
+    table = {
+        line.split()[0]: line.split()
+        for line in lines
+        if line.split() and line.split()[0] in ("allreduce", "fp16", "bf16", "power_sgd", "batched_power_sgd", "noop")
+    }
     assert set(table) == {"allreduce", "fp16", "bf16", "power_sgd", "batched_power_sgd", "noop"}
     assert float(table["allreduce"][1]) < 1e-6 and float(table["fp16"][1]) <= 2**-11
     assert "TypeError: BF16 all reduce communication hook required CUDA" in out.stdout
@@ -93,8 +98,22 @@ def test_main_job_reports_bad_options_without_a_traceback():
 
 def test_main_job_runs_under_torchrun():
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    out = _run([torchrun, "--nproc-per-node", "2", "-m", "commhooks_lab", "--hooks", "allreduce", "fp16",
-                "--steps", "3", "--out", ""])
+    out = _run(
+        [
+            torchrun,
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "commhooks_lab",
+            "--hooks",
+            "allreduce",
+            "fp16",
+            "--steps",
+            "3",
+            "--out",
+            "",
+        ]
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("2 hooks, 2 ranks, 3 steps") == 1
     assert "fp16" in out.stdout

@@ -1,9 +1,10 @@
 """The tutorials as a product: every one checked by nbval, with outputs, no errors, few exemptions."""
+
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
@@ -19,8 +20,16 @@ def source(cell: dict) -> str:
 
 
 def test_the_curriculum_is_all_there():
-    topics = ["quickstart", "anatomy_of_a_hook", "fp16_vs_bf16", "powersgd", "accelerate", "dashboard",
-              "write_your_own_hook", "when_compression_pays_off"]
+    topics = [
+        "quickstart",
+        "anatomy_of_a_hook",
+        "fp16_vs_bf16",
+        "powersgd",
+        "accelerate",
+        "dashboard",
+        "write_your_own_hook",
+        "when_compression_pays_off",
+    ]
     names = [p.stem for p in NOTEBOOKS]
     assert len(names) == len(topics) and all(topic in name for topic, name in zip(topics, names))
 

@@ -1,8 +1,9 @@
 """The promises around the code: dependencies in step, README commands that CI really runs."""
+
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,8 +24,11 @@ def test_every_runtime_dependency_is_in_environment_yml():
 
 def test_constraints_pin_every_runtime_dependency_exactly():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    pins = {_name(line): line for line in (ROOT / "constraints.txt").read_text().splitlines()
-            if line and not line.startswith("#")}
+    pins = {
+        _name(line): line
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
     for name in map(_name, project["dependencies"]):
         assert "==" in pins.get(name, ""), f"constraints.txt must pin {name} exactly"
     assert pins["torch"] == "torch==2.13.0"

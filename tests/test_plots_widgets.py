@@ -1,4 +1,5 @@
 """Plots return the figures they promise; the dashboard does what its controls say."""
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -19,9 +20,17 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def results():
     ef = {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2}
     no_ef = {**ef, "use_error_feedback": False, "warm_start": False}
-    return lab.compare(["allreduce", "fp16", "bf16", {"hook": "power_sgd", "state_options": ef},
-                        {"hook": "power_sgd", "state_options": no_ef, "label": "power_sgd r1 no EF"}, "noop"],
-                       steps=4)
+    return lab.compare(
+        [
+            "allreduce",
+            "fp16",
+            "bf16",
+            {"hook": "power_sgd", "state_options": ef},
+            {"hook": "power_sgd", "state_options": no_ef, "label": "power_sgd r1 no EF"},
+            "noop",
+        ],
+        steps=4,
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -108,33 +117,42 @@ def dashboard():
 
 def test_the_dashboard_runs_exactly_what_its_controls_say(dashboard):
     dashboard.hook.value = "power_sgd"
-    dashboard.rank.value, dashboard.start_iter.value = 2, 3
-    dashboard.error_feedback.value, dashboard.warm_start.value = False, False
-    dashboard.min_rate.value = 1.5
+    for name, value in [
+        ("matrix_approximation_rank", 2),
+        ("start_powerSGD_iter", 3),
+        ("use_error_feedback", False),
+        ("warm_start", False),
+        ("min_compression_rate", 1.5),
+    ]:
+        dashboard.options[name].value = value
     dashboard.wrapper.value = "fp16"
     dashboard.run_button.click()
     assert dashboard.error.value == ""
     (result,) = dashboard.results
     assert result.config["hook"] == "power_sgd" and result.config["wrapper"] == "fp16"
-    assert result.config["state_options"] == {"matrix_approximation_rank": 2, "start_powerSGD_iter": 3,
-                                              "use_error_feedback": False, "warm_start": False,
-                                              "min_compression_rate": 1.5}
+    assert result.config["state_options"] == {
+        "matrix_approximation_rank": 2,
+        "start_powerSGD_iter": 3,
+        "use_error_feedback": False,
+        "warm_start": False,
+        "min_compression_rate": 1.5,
+    }
     payload = list(result.steps["payload_bytes"])  # fp16 halves from the start; PowerSGD from step 3
     assert payload[0] == payload[2] == result.steps["uncompressed_bytes"].iloc[0] // 2 > payload[3]
     assert dashboard.progress.value == dashboard.progress.max == 4
     assert bytes(dashboard.plot.value).startswith(PNG) and bytes(dashboard.agreement.value).startswith(PNG)
-    assert "fp16_wrapper(power_sgd) r2 no EF no warm start" in dashboard.table.value
+    assert "fp16_wrapper(power_sgd r2 no EF no warm start)" in dashboard.table.value
     assert not plt.get_fignums()  # the dashboard leaves no figure open
 
 
 def test_a_bad_option_shows_its_message_and_the_dashboard_stays_usable(dashboard):
     dashboard.hook.value = "power_sgd"
-    dashboard.rank.value = 0
+    dashboard.options["matrix_approximation_rank"].value = 0
     dashboard.run_button.click()
     assert "matrix_approximation_rank must be an int &gt;= 1, got 0" in dashboard.error.value
     assert dashboard.status.value.startswith("failed") and not dashboard.results
     assert dashboard.cluster is None  # refused before any process started
-    dashboard.rank.value = 1
+    dashboard.options["matrix_approximation_rank"].value = 1
     dashboard.run_button.click()
     assert dashboard.error.value == "" and len(dashboard.results) == 1
     pids = dashboard.cluster.pids
@@ -146,13 +164,24 @@ def test_a_bad_option_shows_its_message_and_the_dashboard_stays_usable(dashboard
 
 def test_controls_follow_the_hook(dashboard):
     dashboard.hook.value = "fp16"
-    assert dashboard.powersgd_box.layout.display == "none"
+    assert dashboard.options_box.children == ()
     dashboard.hook.value = "batched_power_sgd"
-    assert dashboard.powersgd_box.layout.display == ""
+    shown = [c.description for c in dashboard.options_box.children]
+    assert shown == [
+        "matrix_approximation_rank",
+        "start_powerSGD_iter",
+        "min_compression_rate",
+        "use_error_feedback",
+        "warm_start",
+    ]
     dashboard.wrapper.value = "bf16"
     dashboard.hook.value = "no"
     assert dashboard.wrapper.disabled and dashboard.wrapper.value == "no"
-    assert "quantization_pertensor_hook" in dashboard.widget.children[1].children[-1].value
+    dashboard.hook.value = "topk"
+    assert [c.description for c in dashboard.options_box.children] == ["ratio", "error_feedback"]
+    assert dashboard.wrapper.disabled  # a compressor makes its own payload
+    dashboard._tryout.join(60)
+    assert "quantization_pertensor_hook" in dashboard.unavailable.value
 
 
 def test_changing_world_size_restarts_the_ranks(dashboard):

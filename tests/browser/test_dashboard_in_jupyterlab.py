@@ -5,6 +5,7 @@ extension, version skew between ipywidgets and jupyterlab_widgets). This test op
 the dashboard notebook the way a workshop participant would, runs it, changes the hook, clicks
 Run, and reads the plot and the runs table off the page. A screenshot is saved either way.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,19 +25,27 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("COMMHOOKS_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = Path(os.environ.get("COMMHOOKS_SCREENSHOTS", ROOT / "tests" / "browser" / "screenshots"))
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 SETTINGS = {  # what a fresh JupyterLab would otherwise stop to ask, or fetch from the network
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"autoStartDefaultKernel": True},
-    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
-                                                                        "checkForUpdates": False},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
 }
 
 if not Path(CHROMIUM).exists():
     if os.environ.get("CI"):
         pytest.fail(f"CI must install Chromium ({CHROMIUM}): apt-get install -y chromium", pytrace=False)
-    pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium, or set COMMHOOKS_CHROMIUM)",
-                allow_module_level=True)
+    pytest.skip(
+        f"no Chromium at {CHROMIUM} (apt-get install -y chromium, or set COMMHOOKS_CHROMIUM)", allow_module_level=True
+    )
 sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (no browser download needed)")
 
 
@@ -69,15 +78,36 @@ def jupyterlab(tmp_path):
         target.write_text(json.dumps(values))
     shutil.copy(ROOT / "notebooks" / "06_dashboard.ipynb", dirs["root"] / "dashboard.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(dirs["config"]), "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
-           "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]), "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"])}
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(dirs["config"]),
+        "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
+        "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
+        "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"]),
+    }
     log = open(tmp_path / "jupyterlab.log", "w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip", "127.0.0.1", f"--port={port}",
-         "--allow-root", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={dirs['root']}",
-         f"--LabApp.user_settings_dir={dirs['settings']}", f"--LabApp.workspaces_dir={dirs['workspaces']}",
-         "--ServerApp.open_browser=False"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ip",
+            "127.0.0.1",
+            f"--port={port}",
+            "--allow-root",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={dirs['root']}",
+            f"--LabApp.user_settings_dir={dirs['settings']}",
+            f"--LabApp.workspaces_dir={dirs['workspaces']}",
+            "--ServerApp.open_browser=False",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
 
     def status_ok():
         try:

@@ -4,13 +4,15 @@ In a notebook, :func:`~commhooks_lab.launch` starts the ranks; on a cluster the 
 does, and sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. ``launch_from_env`` joins
 that group and calls ``fn(ctx, *args)`` exactly as ``launch`` would.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
-from ._worker import WorkerContext
+from .rank_process import WorkerContext
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -20,8 +22,13 @@ def under_torchrun() -> bool:
     return all(v in os.environ for v in TORCHRUN_VARIABLES)
 
 
-def launch_from_env(fn: Callable, *args: Any, backend: str | None = None, timeout_s: float = 300.0,
-                    on_event: Callable[[dict], None] | None = None):
+def launch_from_env(
+    fn: Callable,
+    *args: Any,
+    backend: str | None = None,
+    timeout_s: float = 300.0,
+    on_event: Callable[[dict], None] | None = None,
+):
     """Join the group torchrun describes, run ``fn(ctx, *args)``; rank 0 gets every rank's value.
 
     Returns the list of values (rank order) on rank 0 and ``None`` on the other ranks, so a
@@ -29,8 +36,10 @@ def launch_from_env(fn: Callable, *args: Any, backend: str | None = None, timeou
     """
     missing = [v for v in TORCHRUN_VARIABLES if v not in os.environ]
     if missing:
-        raise RuntimeError(f"launch_from_env needs {', '.join(missing)} in the environment: start it with "
-                           "torchrun --nproc-per-node N ... (or use commhooks_lab.launch in a notebook)")
+        raise RuntimeError(
+            f"launch_from_env needs {', '.join(missing)} in the environment: start it with "
+            "torchrun --nproc-per-node N ... (or use commhooks_lab.launch in a notebook)"
+        )
     import torch
     import torch.distributed as dist
 
@@ -46,8 +55,7 @@ def launch_from_env(fn: Callable, *args: Any, backend: str | None = None, timeou
     owns_group = not dist.is_initialized()
     if owns_group:
         dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
-    ctx = WorkerContext(rank, world_size, backend, device, local_rank=local_rank,
-                        _sink=on_event if rank == 0 else None)
+    ctx = WorkerContext(rank, world_size, backend, device, local_rank=local_rank, _sink=on_event if rank == 0 else None)
     try:
         value = fn(ctx, *args)
         gathered = [None] * world_size if rank == 0 else None

@@ -1,4 +1,5 @@
 """The errors a learner meets, each saying which rank failed, how, and what it printed."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

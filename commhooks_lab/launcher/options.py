@@ -1,4 +1,5 @@
 """Refuse bad launch options before any process starts, with a message that says what to do."""
+
 from __future__ import annotations
 
 import multiprocessing
@@ -23,6 +24,7 @@ def check_launch_options(world_size, backend, timeout_s, start_method) -> str:
     """Validate and return the backend to use (``None`` -> nccl if every rank gets a GPU, else gloo)."""
     if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
         raise TypeError(f"world_size must be a positive int (number of ranks), got {world_size!r}")
+    world_size = int(world_size)
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
     limit = max_local_world_size()
@@ -32,17 +34,19 @@ def check_launch_options(world_size, backend, timeout_s, start_method) -> str:
             f"{os.cpu_count()} CPU cores; the lab allows at most {limit} here. "
             "For more ranks use torchrun or accelerate launch on a real cluster."
         )
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not float(timeout_s) > 0:
         raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
     methods = multiprocessing.get_all_start_methods()
     if start_method not in methods:
-        raise ValueError(f"unknown start_method {start_method!r}; choose one of {methods} "
-                         "('spawn' is safest in notebooks)")
+        raise ValueError(
+            f"unknown start_method {start_method!r}; choose one of {methods} ('spawn' is safest in notebooks)"
+        )
     if backend is None:
         return "nccl" if _cuda_device_count() >= world_size else "gloo"
     if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose 'gloo' (CPU) or 'nccl' (one GPU per rank), "
-                         "or None to pick")
+        raise ValueError(
+            f"unknown backend {backend!r}; choose 'gloo' (CPU) or 'nccl' (one GPU per rank), or None to pick"
+        )
     if backend == "nccl" and _cuda_device_count() < world_size:
         raise ValueError(
             f"backend='nccl' needs one CUDA device per rank: world_size={world_size}, "

@@ -4,6 +4,7 @@ Starting ranks costs seconds (``import torch`` plus rendezvous); a step costs mi
 A :class:`Cluster` pays the start once, keeps the process group alive, and on any failure
 tears everything down so the next run starts clean. ``launch`` is a one-shot Cluster.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,13 +16,14 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import wait
-from typing import Any, Callable
+from typing import Any
 
-from . import _worker
-from ._validate import check_launch_options
+from . import rank_process
 from .errors import RankFailure, WorkerError, WorkerTimeoutError
+from .options import check_launch_options
 
 log = logging.getLogger("commhooks_lab")
 
@@ -123,7 +125,7 @@ def _shutdown(procs: list, conns: list, store_holder: list, graceful: bool) -> l
     if graceful:
         for conn in conns:
             with contextlib.suppress(OSError, ValueError):
-                conn.send_bytes(pickle.dumps((_worker.STOP, None)))
+                conn.send_bytes(pickle.dumps((rank_process.STOP, None)))
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         for p in procs:
             p.join(max(0.0, deadline - time.monotonic()))
@@ -182,7 +184,7 @@ class Cluster:
         self._procs: list = []
         self._conns: list = []
         self._store: list = []
-        self._finalizer = None
+        self._finalizer: weakref.finalize | None = None
         self.start()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -206,12 +208,12 @@ class Cluster:
         # re-run cells or two kernels, and no race between choosing a port and binding it.
         store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=self.timeout_s), wait_for_workers=False)
         self._store.append(store)
-        mp_ctx = mp.get_context(self.start_method)
+        mp_ctx: Any = mp.get_context(self.start_method)
         with _patched_environ(self.env):
             for rank in range(self.world_size):
                 parent_end, child_end = mp_ctx.Pipe(duplex=True)
                 proc = mp_ctx.Process(
-                    target=_worker.worker_main,
+                    target=rank_process.worker_main,
                     args=(rank, self.world_size, self.backend, store.port, self.timeout_s, child_end),
                     name=f"commhooks-rank{rank}",
                     daemon=True,
@@ -223,7 +225,7 @@ class Cluster:
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._store, True)
         self.starts += 1
         try:
-            self._collect(_worker.READY, self.timeout_s, None)
+            self._collect(rank_process.READY, self.timeout_s, None)
         except BaseException:
             self._stop(graceful=False)
             raise
@@ -238,7 +240,7 @@ class Cluster:
         """Stop every rank and reap it; safe to call twice."""
         self._stop(graceful=True)
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -249,22 +251,24 @@ class Cluster:
         return f"Cluster(world_size={self.world_size}, backend={self.backend!r}, {state}, pids={self.pids})"
 
     # -- work --------------------------------------------------------------------------
-    def run(self, fn: Callable, *args: Any, timeout_s: float | None = None,
-            on_event: EventCallback | None = None) -> list:
+    def run(
+        self, fn: Callable, *args: Any, timeout_s: float | None = None, on_event: EventCallback | None = None
+    ) -> list:
         """Run ``fn(ctx, *args)`` on every rank; return the ranks' return values in rank order."""
         return self.run_serialized(serialize_task(fn, args), timeout_s=timeout_s, on_event=on_event)
 
-    def run_serialized(self, payload: bytes, *, timeout_s: float | None = None,
-                       on_event: EventCallback | None = None) -> list:
+    def run_serialized(
+        self, payload: bytes, *, timeout_s: float | None = None, on_event: EventCallback | None = None
+    ) -> list:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         if not timeout > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         self.start()
         try:
-            message = pickle.dumps((_worker.RUN, payload))
+            message = pickle.dumps((rank_process.RUN, payload))
             for conn in self._conns:
                 conn.send_bytes(message)
-            return self._collect(_worker.RESULT, timeout, on_event)
+            return self._collect(rank_process.RESULT, timeout, on_event)
         except BaseException:  # a worker error, a timeout, or the kernel interrupted us
             self._stop(graceful=False)
             raise
@@ -279,15 +283,16 @@ class Cluster:
 
         def handle(rank: int, data: bytes) -> None:
             kind, _, payload = pickle.loads(data)
-            if kind == _worker.EVENT:
+            if kind == rank_process.EVENT:
                 if on_event is not None:
                     on_event(rank, payload)
             elif kind == expected:
                 results[rank] = payload
                 pending.discard(rank)
-            elif kind == _worker.ERROR:
-                failures.append(RankFailure(rank, "raised", f"raised {payload['type']}: {payload['message']}",
-                                            payload["traceback"]))
+            elif kind == rank_process.ERROR:
+                failures.append(
+                    RankFailure(rank, "raised", f"raised {payload['type']}: {payload['message']}", payload["traceback"])
+                )
                 pending.discard(rank)
 
         while pending:
@@ -298,9 +303,12 @@ class Cluster:
                     break
             if now >= deadline:
                 hung = sorted(pending)
-                failure = RankFailure(hung[0], "timeout",
-                                      f"gave no answer within timeout_s={timeout_s:g} s (ranks without an answer: "
-                                      f"{hung}); a rank that never joins a collective hangs the others")
+                failure = RankFailure(
+                    hung[0],
+                    "timeout",
+                    f"gave no answer within timeout_s={timeout_s:g} s (ranks without an answer: "
+                    f"{hung}); a rank that never joins a collective hangs the others",
+                )
                 raise WorkerTimeoutError(failure, failures)
             until = min(deadline, grace_until) if grace_until else deadline
             by_conn = {self._conns[r]: r for r in pending}
@@ -310,7 +318,7 @@ class Cluster:
                     rank = by_conn[obj]
                     if rank in pending:
                         try:
-                            handle(rank, obj.recv_bytes())
+                            handle(rank, obj.recv_bytes())  # type: ignore[union-attr]
                         except (EOFError, OSError):
                             pass  # the sentinel reports the death
                 else:
@@ -328,10 +336,14 @@ class Cluster:
             first, *others = _root_cause_first(failures)
             if _is_echo(first) and pending:  # the silent rank is the culprit, not the one that gave up
                 silent = sorted(pending)
-                raise WorkerTimeoutError(RankFailure(
-                    silent[0], "timeout",
-                    f"gave no answer (ranks without an answer: {silent}) while rank {first.rank} gave up "
-                    "waiting for it in a collective: a rank that never joins a collective hangs the others"),
-                    [first, *others])
+                raise WorkerTimeoutError(
+                    RankFailure(
+                        silent[0],
+                        "timeout",
+                        f"gave no answer (ranks without an answer: {silent}) while rank {first.rank} gave up "
+                        "waiting for it in a collective: a rank that never joins a collective hangs the others",
+                    ),
+                    [first, *others],
+                )
             raise WorkerError(first, others)
         return results

@@ -4,6 +4,7 @@ Kept import-light (torch and cloudpickle only) because each spawned rank imports
 it can do anything. Messages travel over one private pipe per rank as pickled bytes, so a
 result is data (never printed text) and a dead rank can never hold a shared lock.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,9 +13,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 # Message kinds, child -> parent.
 READY, EVENT, RESULT, ERROR = "ready", "event", "result", "error"
@@ -115,13 +117,21 @@ def worker_main(rank: int, world_size: int, backend: str, store_port: int, timeo
 
         torch.set_num_threads(1)
         # What torchrun would set, so code written for a real cluster finds its bearings.
-        os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-                           "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-                           "MASTER_PORT": str(store_port)})
+        os.environ.update(
+            {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_WORLD_SIZE": str(world_size),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(store_port),
+            }
+        )
         store = dist.TCPStore("127.0.0.1", store_port, world_size, False, timedelta(seconds=timeout_s))
         device = init_process_group(rank, world_size, backend, store, timeout_s)
-        ctx = WorkerContext(rank, world_size, backend, device, local_rank=rank,
-                            _sink=lambda event: _send(conn, (EVENT, rank, event)))
+        ctx = WorkerContext(
+            rank, world_size, backend, device, local_rank=rank, _sink=lambda event: _send(conn, (EVENT, rank, event))
+        )
         _send(conn, (READY, rank, None))
     except BaseException as exc:
         _send(conn, (ERROR, rank, error_payload(exc)))

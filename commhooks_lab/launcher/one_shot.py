@@ -1,10 +1,12 @@
 """One-shot multi-process runs: start ranks, run one function, hand back its values, clean up."""
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from ._validate import check_launch_options
 from .cluster import Cluster, EventCallback, serialize_task
+from .options import check_launch_options
 
 
 def launch(

@@ -1,0 +1,180 @@
+"""Every touch of PyTorch's or Accelerate's private API, in one file.
+
+When PyTorch or Accelerate is upgraded, this is the file to read: each function below names
+the private thing it relies on, and ``tests/test_compat.py`` checks each one against the
+installed versions, failing with a message that names them. Checked against torch 2.13.0
+and accelerate 1.15.0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+
+class UpstreamChanged(RuntimeError):
+    """A private PyTorch/Accelerate detail the lab relies on is not what it was."""
+
+
+def versions() -> str:
+    """``torch X, accelerate Y`` for messages about upstream changes."""
+    import torch
+
+    try:
+        import accelerate
+
+        return f"torch {torch.__version__}, accelerate {accelerate.__version__}"
+    except ImportError:
+        return f"torch {torch.__version__} (accelerate not installed)"
+
+
+def upstream_changed(what: str, fix: str) -> UpstreamChanged:
+    return UpstreamChanged(f"{what} (with {versions()}); {fix}")
+
+
+# -- PowerSGD ------------------------------------------------------------------------------------
+
+
+def power_sgd_defaults() -> dict[str, Any]:
+    """``PowerSGDState``'s keyword arguments and their defaults, read from its signature.
+
+    Public API, but its defaults (``start_powerSGD_iter=1000`` above all) are what the lab's
+    notes and checks quote, so they are read here once rather than copied.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+    params = inspect.signature(PowerSGDState.__init__).parameters
+    defaults = {name: p.default for name, p in params.items() if name not in ("self", "process_group")}
+    if "start_powerSGD_iter" not in defaults or "matrix_approximation_rank" not in defaults:
+        raise upstream_changed(
+            f"PowerSGDState takes {sorted(defaults)}",
+            "update commhooks_lab._compat.power_sgd_defaults and the PowerSGD checks",
+        )
+    return defaults
+
+
+def _powersgd_module():
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    if not hasattr(powerSGD_hook, "_orthogonalize"):
+        raise upstream_changed(
+            "powerSGD_hook._orthogonalize is gone", "check whether batched_powerSGD_hook still needs the lab's fix"
+        )
+    return powerSGD_hook
+
+
+def orthogonalize_rejects_matrices() -> bool:
+    """Does this PyTorch's private ``_orthogonalize`` fail on the 2-D matrix batched PowerSGD hands it?
+
+    Decided by behaviour: any exception, or a result that is not orthonormal, counts.
+    """
+    import torch
+
+    matrix = torch.tensor([[3.0], [4.0]])
+    try:
+        _powersgd_module()._orthogonalize(matrix)
+    except Exception:
+        return True
+    return not torch.allclose(matrix, torch.tensor([[0.6], [0.8]]))
+
+
+def patch_batched_orthogonalize() -> bool:
+    """Let ``_orthogonalize`` treat a 2-D matrix as a batch of one (a view). Idempotent.
+
+    Returns True if this call patched PyTorch; False if already patched or not needed.
+    """
+    powersgd = _powersgd_module()
+    original = powersgd._orthogonalize
+    if batched_fix_active() or not orthogonalize_rejects_matrices():
+        return False
+
+    def _orthogonalize(matrices, epsilon=0):
+        if matrices.dim() == 2:
+            return original(matrices.unsqueeze(0), epsilon)
+        return original(matrices, epsilon)
+
+    _orthogonalize._lab_patched = True  # type: ignore[attr-defined]
+    _orthogonalize.__wrapped__ = original  # type: ignore[attr-defined]
+    powersgd._orthogonalize = _orthogonalize
+    return True
+
+
+def batched_fix_active() -> bool:
+    """Has :func:`patch_batched_orthogonalize` patched this process's PyTorch?"""
+    return getattr(_powersgd_module()._orthogonalize, "_lab_patched", False)
+
+
+# -- DDP -----------------------------------------------------------------------------------------
+
+
+def registration_refusal(ddp_model, hook: Callable) -> str | None:
+    """The TypeError DDP's own ``register_comm_hook`` would raise for this exact hook, or None.
+
+    Uses DDP's private ``_check_comm_hook``, which is what ``register_comm_hook`` calls
+    first: the lab registers hooks inside its probe, so it asks DDP about the bare hook.
+    """
+    check = getattr(ddp_model, "_check_comm_hook", None)
+    if check is None:
+        raise upstream_changed(
+            "DistributedDataParallel._check_comm_hook is gone", "update commhooks_lab._compat.registration_refusal"
+        )
+    try:
+        check(hook)
+    except TypeError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@contextlib.contextmanager
+def intercept_comm_hook_registration(on_register: Callable):
+    """While active, ``DDP.register_comm_hook(state, hook)`` calls ``on_register(ddp, state, hook, register)``.
+
+    Accelerate registers the hook inside ``prepare``; replacing the class attribute for that
+    moment lets the lab wrap exactly what Accelerate passes.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    original = DDP.register_comm_hook
+
+    def register_comm_hook(self, state, hook):
+        return on_register(self, state, hook, lambda s, h: original(self, s, h))
+
+    DDP.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DDP.register_comm_hook = original  # type: ignore[method-assign]
+
+
+# -- Accelerate ----------------------------------------------------------------------------------
+
+
+def reset_accelerate_state() -> None:
+    """Accelerate keeps process-wide singletons; a warm rank starts each run from scratch.
+
+    ``AcceleratorState._reset_state`` and ``GradientState._reset_state`` are private (Accelerate's
+    own tests use them).
+    """
+    from accelerate.state import AcceleratorState, GradientState
+
+    for cls in (AcceleratorState, GradientState):
+        if not hasattr(cls, "_reset_state"):
+            raise upstream_changed(
+                f"accelerate.state.{cls.__name__}._reset_state is gone",
+                "update commhooks_lab._compat.reset_accelerate_state",
+            )
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+#: Every touch above, for the compat test and the closing notes: (function, what it relies on).
+TOUCHES = (
+    ("power_sgd_defaults", "PowerSGDState.__init__ signature (public; defaults quoted in notes)"),
+    ("orthogonalize_rejects_matrices", "torch...powerSGD_hook._orthogonalize (private)"),
+    ("patch_batched_orthogonalize", "replaces powerSGD_hook._orthogonalize in the rank (private)"),
+    ("registration_refusal", "DistributedDataParallel._check_comm_hook (private)"),
+    ("intercept_comm_hook_registration", "DistributedDataParallel.register_comm_hook replaced during prepare"),
+    ("reset_accelerate_state", "AcceleratorState._reset_state, GradientState._reset_state (private)"),
+)

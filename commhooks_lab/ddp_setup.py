@@ -1,0 +1,85 @@
+"""Model, optimizer and hook registration for each way of setting up DDP (plain PyTorch, Accelerate).
+
+Both paths register the chosen hook inside the probe and hand the training loop the same
+:class:`Setup`, so the loop in :mod:`commhooks_lab.rank_job` never asks which path it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import _compat
+from .config import ExperimentConfig
+from .data import rank_batches
+from .hooks import HookChoice, build_hook
+from .probe import Probe
+
+
+def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr, momentum=0.9 if name == "momentum" else 0.0)
+
+
+def hook_notes(config: ExperimentConfig, choice: HookChoice, hook, refusal: str | None) -> list[str]:
+    """What the learner should know about this run that the numbers alone do not say."""
+    notes = []
+    if refusal is not None:
+        needing = next((e for e in (choice.wrapper_entry, choice.entry) if e is not None and e.needs), None)
+        which = needing.name if needing is not None else choice.name
+        why = f"It needs {needing.needs}." if needing is not None else ""
+        notes.append(
+            f"{which}: on this build `ddp_model.register_comm_hook(state, {hook.__name__})` raises {refusal}. "
+            f"{why} The lab registered the same function inside its probe to measure it; "
+            "on CUDA with NCCL >= 2.10 your own register_comm_hook call works as written."
+        )
+    if choice.entry is not None and choice.entry.rank_note is not None:
+        note = choice.entry.rank_note()
+        if note:
+            notes.append(note)
+    if hook is None and config.measure:
+        notes.append(
+            "no: DDP's built-in allreduce runs in C++ where Python cannot see it; the probe measured it "
+            "through allreduce_hook, which gives bit-identical gradients."
+        )
+    return notes
+
+
+@dataclass
+class Setup:
+    """What a training loop needs, however DDP was set up."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    state: Any
+    notes: list
+    backward: Callable
+    batches: Iterator
+
+
+def register_probed(ddp, probe: Probe, hook, state, ctx, config: ExperimentConfig, register=None) -> None:
+    """Register ``hook`` inside the probe; with no hook, measure DDP's allreduce through allreduce_hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if hook is None and config.measure:
+        hook, state = default_hooks.allreduce_hook, None
+    if hook is not None:
+        (register or ddp.register_comm_hook)(state, probe.wrap(hook, wait=ctx.backend == "gloo"))
+
+
+def setup_torch_ddp(ctx, config: ExperimentConfig, task, probe: Probe, choice: HookChoice) -> Setup:
+    """Plain PyTorch: ``DDP(model)`` then ``register_comm_hook(state, hook)``, the hook inside the probe."""
+    device_ids = [ctx.device] if ctx.device.type == "cuda" else None
+    ddp = DDP(task.model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)
+    hook, state = build_hook(choice)
+    refusal = _compat.registration_refusal(ddp, hook) if hook is not None else None
+    notes = hook_notes(config, choice, hook, refusal)
+    register_probed(ddp, probe, hook, state, ctx, config)
+    optimizer = make_optimizer(config.optimizer, ddp.parameters(), config.lr)
+    data = rank_batches(task.train, ctx.rank, ctx.world_size, config.batch_size, config.seed)
+    return Setup(ddp, optimizer, state, notes, torch.Tensor.backward, data)

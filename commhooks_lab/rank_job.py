@@ -1,0 +1,107 @@
+"""The per-rank job of one experiment: build the task, set up DDP with the hook inside the probe,
+train, and measure every step. Returns plain data (rank 0 the tables)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import platform
+import time
+
+import torch
+
+from .config import ExperimentConfig
+from .ddp_setup import setup_torch_ddp
+from .hooks import HookChoice
+from .models import build_task
+from .probe import Probe
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    """sha256 of every parameter's bytes: equal digests mean bit-identical models."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, dataset, device) -> float:
+    x, y = dataset.tensors
+    model.eval()
+    correct = (model(x.to(device)).argmax(dim=1) == y.to(device)).float().mean().item()
+    model.train()
+    return correct
+
+
+def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = None) -> dict:
+    """The worker function: train ``config.steps`` steps and measure each one.
+
+    ``choice`` is what ``config.check()`` returned in the notebook; it carries the registry
+    record, so a hook registered in a notebook cell is built here too.
+    """
+    choice = config.check() if choice is None else choice
+    task = build_task(config.model, config.seed)
+    task.model.to(ctx.device)
+    probe = Probe(list(task.model.named_parameters()), ctx.world_size, ctx.rank, measure=config.measure)
+    if config.api == "accelerate":
+        from .accelerate_path import setup_accelerate_ddp
+
+        setup = setup_accelerate_ddp(ctx, config, task, probe, choice)
+    else:
+        setup = setup_torch_ddp(ctx, config, task, probe, choice)
+    loss_fn = task.loss_fn()
+    steps, layers = [], []
+
+    def flush() -> None:
+        step_rows, layer_rows = probe.flush()
+        steps.extend(step_rows)
+        layers.extend(layer_rows)
+
+    for step in range(config.steps):
+        x, y = (t.to(ctx.device) for t in next(setup.batches))
+        start = time.perf_counter()
+        setup.optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(setup.model(x), y)
+        probe.start_step()
+        setup.backward(loss)
+        record = probe.end_step(loss)
+        setup.optimizer.step()
+        record.update(step=step, step_time_s=time.perf_counter() - start)
+        if task.test is not None and config.eval_every and (step + 1) % config.eval_every == 0:
+            record["accuracy"] = accuracy(task.model, task.test, ctx.device)
+        if probe.should_flush():
+            flush()
+        if ctx.is_main:
+            ctx.report(step=step + 1, steps=config.steps, loss_rank0=loss.item())
+    flush()
+    digest = param_digest(task.model)
+    if not ctx.is_main:
+        return {"rank": ctx.rank, "param_digest": digest}
+    final_accuracy = accuracy(task.model, task.test, ctx.device) if task.test is not None else math.nan
+    powersgd_iter = getattr(setup.state, "iter", None)
+    sample = probe.sample(config.sample_layer) if config.measure else None
+    return {
+        "rank": 0,
+        "param_digest": digest,
+        "steps": steps,
+        "layers": layers,
+        "notes": setup.notes,
+        "sample": sample,
+        "final": {"loss": steps[-1]["loss"], "accuracy": final_accuracy, "powersgd_iter": powersgd_iter},
+        "env": {
+            "torch": torch.__version__,
+            "backend": ctx.backend,
+            "world_size": ctx.world_size,
+            "python": platform.python_version(),
+            "device": str(ctx.device),
+            "task": task.description,
+        },
+    }
+
+
+def run_experiments(ctx, configs: list[ExperimentConfig], choices: list[HookChoice] | None = None) -> list[dict]:
+    """Several experiments in one process group (under torchrun, where re-joining is costly)."""
+    if choices is None:
+        return [run_experiment(ctx, config) for config in configs]
+    return [run_experiment(ctx, config, choice) for config, choice in zip(configs, choices)]

@@ -1,0 +1,91 @@
+"""Each private PyTorch/Accelerate touch in commhooks_lab._compat, checked against the installed versions.
+
+When one of these fails after an upgrade, its message names the versions: read _compat.py first.
+"""
+
+import inspect
+
+import pytest
+import torch
+
+from commhooks_lab import _compat
+
+VERSIONS = _compat.versions()
+
+
+def test_every_touch_is_listed_and_exists():
+    names = [name for name, _ in _compat.TOUCHES]
+    assert all(callable(getattr(_compat, n)) for n in names)
+    assert len(names) == 6
+
+
+def test_power_sgd_defaults_come_from_the_signature():
+    defaults = _compat.power_sgd_defaults()
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+
+    assert defaults["start_powerSGD_iter"] == inspect.signature(PowerSGDState).parameters["start_powerSGD_iter"].default
+    assert defaults["start_powerSGD_iter"] == 1000, f"{VERSIONS}: PowerSGD's default start changed; update the notes"
+    assert {"matrix_approximation_rank", "use_error_feedback", "warm_start", "min_compression_rate"} <= set(defaults)
+
+
+def test_batched_powersgd_fix_is_needed_and_only_reshapes():
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    original = getattr(powerSGD_hook._orthogonalize, "__wrapped__", powerSGD_hook._orthogonalize)
+    with pytest.raises(Exception):  # noqa: B017 - whatever it raises, the 2-D input is refused
+        original(torch.tensor([[3.0], [4.0]]))
+    assert _compat.orthogonalize_rejects_matrices() or _compat.batched_fix_active(), (
+        f"{VERSIONS}: _orthogonalize now takes a 2-D matrix; the lab's batched PowerSGD fix can go"
+    )
+    _compat.patch_batched_orthogonalize()
+    assert _compat.batched_fix_active() and not _compat.orthogonalize_rejects_matrices()
+    matrices = torch.tensor([[[3.0], [4.0]]])  # a 3-D batch, PowerSGD's own input, goes through untouched
+    powerSGD_hook._orthogonalize(matrices)
+    assert torch.allclose(matrices, torch.tensor([[[0.6], [0.8]]]))
+
+
+def test_ddp_still_has_its_private_hook_check():
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    assert hasattr(DDP, "_check_comm_hook"), f"{VERSIONS}: DDP._check_comm_hook is gone; update registration_refusal"
+    source = inspect.getsource(DDP._check_comm_hook)
+    assert "bf16_compress_hook" in source, f"{VERSIONS}: DDP no longer refuses bf16 hooks by name"
+
+
+def test_registration_refusal_names_the_bf16_refusal_on_this_build():
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    class FakeDDP:
+        _check_comm_hook = torch.nn.parallel.DistributedDataParallel._check_comm_hook
+
+        def _log_and_throw(self, err_type, err_msg):
+            raise err_type(err_msg)
+
+    refusal = _compat.registration_refusal(FakeDDP(), default_hooks.bf16_compress_hook)
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA build with NCCL accepts bf16 hooks")
+    assert refusal and refusal.startswith("TypeError: BF16 all reduce communication hook required CUDA 11+")
+    assert _compat.registration_refusal(FakeDDP(), default_hooks.fp16_compress_hook) is None
+
+
+def test_a_missing_private_name_says_which_versions():
+    with pytest.raises(_compat.UpstreamChanged, match=r"torch \d+\.\d+"):
+        _compat.registration_refusal(object(), print)
+
+
+def test_intercepting_registration_restores_ddp():
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    original = DDP.register_comm_hook
+    with _compat.intercept_comm_hook_registration(lambda *a: None):
+        assert DDP.register_comm_hook is not original
+    assert DDP.register_comm_hook is original
+
+
+def test_accelerate_state_reset_exists():
+    pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState, GradientState
+
+    assert hasattr(AcceleratorState, "_reset_state") and hasattr(GradientState, "_reset_state"), VERSIONS
+    assert "reset_partial_state" in inspect.signature(AcceleratorState._reset_state).parameters, VERSIONS
+    _compat.reset_accelerate_state()
