@@ -32,11 +32,12 @@ def hook_notes(config: ExperimentConfig, choice: HookChoice, hook, refusal: str 
     if refusal is not None:
         needing = next((e for e in (choice.wrapper_entry, choice.entry) if e is not None and e.needs), None)
         which = needing.name if needing is not None else choice.name
-        why = f"It needs {needing.needs}." if needing is not None else ""
+        needs = needing.needs if needing is not None else "another build"
         notes.append(
             f"{which}: on this build `ddp_model.register_comm_hook(state, {hook.__name__})` raises {refusal}. "
-            f"{why} The lab registered the same function inside its probe to measure it; "
-            "on CUDA with NCCL >= 2.10 your own register_comm_hook call works as written."
+            f"DDP refuses this hook by name unless PyTorch has {needs}. gloo runs its arithmetic fine, so the lab "
+            f"registered the same function inside its probe to measure it; with {needs} your own "
+            "register_comm_hook call works as written."
         )
     if choice.entry is not None and choice.entry.rank_note is not None:
         note = choice.entry.rank_note()

@@ -236,10 +236,8 @@ BATCHED_POWER_SGD_NOTE = (
     "untouched."
 )
 
-BF16_NEEDS = (
-    "CUDA 11+ and NCCL 2.10+ (or XPU and XCCL): DDP refuses bf16 hooks by name on other builds; "
-    "gloo reduces bfloat16 fine, so the lab measures the same arithmetic and says so"
-)
+#: DDP checks a bf16 hook's *name* at registration and refuses it on other builds (gloo reduces bf16 fine).
+BF16_NEEDS = "CUDA 11+ and NCCL 2.10+ (or XPU with XCCL)"
 
 
 def _batched_note() -> str | None:
