@@ -1,0 +1,142 @@
+"""Exercises that start unsolved: each check says "not attempted", "not yet" (with a hint) or "right".
+
+A notebook's exercise cell starts as a stub (``raise NotImplementedError``, or ``my_prediction = None``).
+Its check never stops the notebook: a stub or a wrong attempt prints what to do and hands back the
+reference solution, so every later cell still runs (and nbval stays strict); a right attempt is
+used from then on. Reference solutions are shown only on request (:func:`reveal`), never printed
+by a check. One module per notebook holds that notebook's checks and references.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+NOT_ATTEMPTED, WRONG, RIGHT = "not attempted", "wrong", "right"
+
+
+@dataclass
+class Outcome:
+    """What a check decided, and the value the rest of the notebook should use."""
+
+    status: str  # NOT_ATTEMPTED | WRONG | RIGHT
+    message: str
+    value: Any = None
+
+    def __repr__(self) -> str:  # a check's result printed at the end of a cell reads as its message
+        return self.message
+
+
+_REFERENCES: dict[str, Callable] = {}
+
+
+def reference(name: str) -> Callable[[Callable], Callable]:
+    """Register a reference solution under ``name`` (shown by :func:`reveal`)."""
+
+    def register(fn: Callable) -> Callable:
+        _REFERENCES[name] = fn
+        return fn
+
+    return register
+
+
+def reveal(name: str) -> None:
+    """Print the reference solution of exercise ``name``: for when you are stuck, not before."""
+    if name not in _REFERENCES:
+        raise KeyError(f"no exercise {name!r}; exercises: {sorted(_REFERENCES)}")
+    print(textwrap.dedent(inspect.getsource(_REFERENCES[name])))
+
+
+def is_stub(attempt: Any) -> bool:
+    """None, or a function whose body (after a docstring) only raises NotImplementedError or passes."""
+    if attempt is None:
+        return True
+    if not callable(attempt):
+        return False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(attempt)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    func = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.Lambda)), None)
+    if not isinstance(func, ast.FunctionDef):
+        return False
+    body = [s for s in func.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if not body:
+        return True
+    if len(body) != 1:
+        return False
+    stmt = body[0]
+    if isinstance(stmt, ast.Pass):
+        return True
+    if isinstance(stmt, ast.Raise) and stmt.exc is not None:
+        exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
+        return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+    return False
+
+
+def _say(outcome: Outcome) -> Outcome:
+    print(outcome.message)
+    return outcome
+
+
+def not_attempted(name: str, what: str = "the reference solution") -> Outcome:
+    return Outcome(
+        NOT_ATTEMPTED,
+        f"· {name}: not attempted yet. The rest of the notebook uses {what}; write yours in the cell above and "
+        f"run it and this cell again (stuck? lab.exercises.reveal({name!r})).",
+    )
+
+
+def check_function(name: str, attempt: Any, verify: Callable[[Callable], str | None], passed: str) -> Outcome:
+    """Check a function the learner wrote. ``verify(fn)`` returns None if right, else a hint.
+
+    The outcome's ``value`` is the learner's function if right, else the reference, so the
+    notebook carries on either way. An exception from the learner's code is a wrong attempt.
+    """
+    ref = _REFERENCES[name]
+    if is_stub(attempt):
+        outcome = not_attempted(name)
+        outcome.value = ref
+        return _say(outcome)
+    try:
+        problem = verify(attempt)
+    except NotImplementedError:
+        outcome = not_attempted(name)
+        outcome.value = ref
+        return _say(outcome)
+    except Exception as exc:  # the learner's code raised: say what, where to look
+        first_line = (str(exc).splitlines() or [""])[0]
+        problem = f"your code raised {type(exc).__name__}: {first_line}"
+    if problem:
+        return _say(
+            Outcome(
+                WRONG,
+                f"✗ {name}: not yet. {problem} (The rest of the notebook uses the reference "
+                f"solution until this check passes.)",
+                ref,
+            )
+        )
+    return _say(Outcome(RIGHT, f"✓ {name}: right. {passed}", attempt))
+
+
+def check_prediction(name: str, attempt: Any, answer: Any, hint: str, explanation: str = "") -> Outcome:
+    """Check a prediction committed *before* the measurement that answers it is shown.
+
+    ``hint`` says what to look at without giving the answer; ``explanation`` is shown once right.
+    """
+    if attempt is None:
+        return _say(
+            Outcome(
+                NOT_ATTEMPTED,
+                f"· {name}: no prediction made. Write one in the prediction cell, "
+                "then compare it with the measurement above.",
+                answer,
+            )
+        )
+    if attempt == answer:
+        return _say(Outcome(RIGHT, f"✓ {name}: right. {explanation}".rstrip(), answer))
+    return _say(Outcome(WRONG, f"✗ {name}: not yet. {hint}", answer))

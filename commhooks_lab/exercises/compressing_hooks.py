@@ -1,0 +1,167 @@
+"""Notebook 7's exercises: top-k of a tensor, a top-k hook with error feedback, EF-SignSGD.
+
+No ``from __future__ import annotations`` here: DDP compares a hook's return annotation with
+``torch.futures.Future[torch.Tensor]`` itself, and a string annotation would fail that check.
+
+The hook checks run the learner's hook and the reference on the same data through the lab and
+compare them step by step: same bytes, same error (to float32 rounding), all ranks agreeing.
+"""
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import Outcome, check_function, reference
+
+# -- references -------------------------------------------------------------------------------------
+
+
+@reference("topk")
+def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values and indices of the k entries of x with the largest magnitude."""
+    flat = x.reshape(-1)
+    indices = flat.abs().topk(k).indices
+    return flat[indices], indices
+
+
+def _completed(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(tensor)
+    return future
+
+
+@reference("topk_ef_hook")
+def topk_ef_hook(state: dict, bucket) -> torch.futures.Future[torch.Tensor]:
+    """Top-k with error feedback: send the k largest of (gradient + residual), keep the rest.
+
+    ``state``: {"ratio": 0.01, "error_feedback": True, "residuals": {}}.
+    """
+    world = dist.get_world_size()
+    grad = bucket.buffer()
+    corrected = grad + state["residuals"].get(bucket.index(), 0)
+    k = max(1, int(state["ratio"] * grad.numel()))
+    values, indices = topk(corrected, k)
+    if state.get("error_feedback", True):
+        sent = torch.zeros_like(corrected)
+        sent[indices] = values
+        state["residuals"][bucket.index()] = corrected - sent
+    gathered_values = [torch.empty_like(values) for _ in range(world)]
+    gathered_indices = [torch.empty_like(indices) for _ in range(world)]
+    dist.all_gather(gathered_values, values)
+    dist.all_gather(gathered_indices, indices)
+    grad.zero_()
+    for v, i in zip(gathered_values, gathered_indices):
+        grad.index_add_(0, i, v)
+    grad.div_(world)
+    return _completed(grad)
+
+
+@reference("sign_ef_hook")
+def sign_ef_hook(state: dict, bucket) -> torch.futures.Future[torch.Tensor]:
+    """EF-SignSGD: send sign(gradient + residual) and one scale, mean |.|; keep what the signs missed."""
+    world = dist.get_world_size()
+    grad = bucket.buffer()
+    corrected = grad + state["residuals"].get(bucket.index(), 0)
+    scale = corrected.abs().mean().reshape(1)
+    signs = torch.where(corrected >= 0, 1, -1).to(torch.int8)
+    state["residuals"][bucket.index()] = corrected - scale * signs
+    gathered_signs = [torch.empty_like(signs) for _ in range(world)]
+    gathered_scales = [torch.empty_like(scale) for _ in range(world)]
+    dist.all_gather(gathered_signs, signs)
+    dist.all_gather(gathered_scales, scale)
+    grad.copy_(sum(s * g for s, g in zip(gathered_scales, gathered_signs)) / world)
+    return _completed(grad)
+
+
+def topk_state(process_group: Any, ratio: float = 0.01, error_feedback: bool = True) -> dict:
+    """The state the top-k exercise's hook gets on every rank."""
+    return {"ratio": ratio, "error_feedback": error_feedback, "residuals": {}}
+
+
+def sign_state(process_group: Any) -> dict:
+    return {"residuals": {}}
+
+
+# -- checks -----------------------------------------------------------------------------------------
+
+
+def _verify_topk(fn) -> str | None:
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(7))
+    values, indices = fn(x, 25)
+    if len(values) != 25 or len(indices) != 25:
+        return f"expected 25 values and 25 indices, got {len(values)} and {len(indices)}."
+    if not torch.equal(x[indices.long()], values):
+        return "values[i] must equal x[indices[i]]: send the signed value, not its magnitude."
+    rest = torch.ones_like(x, dtype=torch.bool)
+    rest[indices.long()] = False
+    if not bool(x[indices.long()].abs().min() > x[rest].abs().max()):
+        return "a dropped entry is larger in magnitude than a kept one: rank the entries by x.abs(), not by x."
+    return None
+
+
+def check_topk(attempt) -> Outcome:
+    """``topk(x, k) -> (values, indices)`` keeps exactly the k largest magnitudes."""
+    return check_function("topk", attempt, _verify_topk, "25 values at their indices, the 25 largest magnitudes.")
+
+
+def _compare_runs(attempt, ref, state_factory, steps: int, cluster, what: str) -> str | None:
+    from ..experiment import compare
+
+    mine, theirs = compare(
+        [{"hook": attempt, "label": "yours"}, {"hook": ref, "label": "reference"}],
+        state_factory=state_factory,
+        steps=steps,
+        cluster=cluster,
+    )
+    a, b = mine.steps, theirs.steps
+    if (a["rank_spread"] != 0).any():
+        return "the ranks disagree after your hook: every rank must decode the same payloads the same way."
+    if (a["payload_bytes"] != b["payload_bytes"]).any():
+        return (
+            f"your hook sends {int(a['payload_bytes'].iloc[-1])} B per step, the design sends "
+            f"{int(b['payload_bytes'].iloc[-1])} B: check the dtypes and sizes you all-gather."
+        )
+    differs = (a["rel_error"] - b["rel_error"]).abs() > 1e-5 * b["rel_error"].abs().clip(lower=1e-3)
+    if differs.any():
+        step = int(a["step"][differs].iloc[0])
+        if step == 0:
+            return (
+                f"already at step 0 your gradient differs from {what} (rel_error {a['rel_error'].iloc[0]:.3g} vs "
+                f"{b['rel_error'].iloc[0]:.3g}): check what you send and how you decode it."
+            )
+        return (
+            f"steps before {step} match, step {step} does not (rel_error {a['rel_error'].iloc[step]:.3g} vs "
+            f"{b['rel_error'].iloc[step]:.3g}): look at the residual — added before compressing, updated after."
+        )
+    return None
+
+
+def check_topk_ef_hook(attempt, cluster=None, steps: int = 6) -> Outcome:
+    """Run your hook and the reference on the same data: same bytes, same error every step."""
+    return check_function(
+        "topk_ef_hook",
+        attempt,
+        lambda fn: _compare_runs(fn, topk_ef_hook, topk_state, steps, cluster, "top-k of gradient + residual"),
+        f"Same bytes and the same error as the reference at every one of {steps} steps; the ranks agree.",
+    )
+
+
+def check_sign_ef_hook(attempt, cluster=None, steps: int = 6) -> Outcome:
+    return check_function(
+        "sign_ef_hook",
+        attempt,
+        lambda fn: _compare_runs(fn, sign_ef_hook, sign_state, steps, cluster, "mean|c| x sign(c)"),
+        f"Same bytes and the same error as the reference at every one of {steps} steps; the ranks agree.",
+    )
+
+
+def check_error_feedback_helps(with_ef, without_ef) -> Outcome:
+    """Error feedback makes the *summed* gradient more accurate over the run."""
+    a = with_ef.steps["cumulative_rel_error"].iloc[-1]
+    b = without_ef.steps["cumulative_rel_error"].iloc[-1]
+    if a < b:
+        return Outcome("right", f"✓ with error feedback the summed gradient is closer to exact ({a:.3f} < {b:.3f})")
+    return Outcome(
+        "wrong", f"✗ error feedback did not help ({a:.3f} >= {b:.3f}): is the residual added back before compressing?"
+    )

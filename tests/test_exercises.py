@@ -1,0 +1,133 @@
+"""Every exercise check on its three paths: not attempted, wrong (with a plausible wrong algorithm), right."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import commhooks_lab as lab
+from commhooks_lab import exercises
+from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG, compressing_hooks
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+
+def stub(x, k):
+    """Your code here."""
+    raise NotImplementedError
+
+
+def topk_by_value(x, k):  # plausible and wrong: the largest values, not the largest magnitudes
+    values, indices = x.reshape(-1).topk(k)
+    return values, indices
+
+
+def topk_magnitudes(x, k):  # wrong: sends |x| instead of x
+    flat = x.reshape(-1)
+    values, indices = flat.abs().topk(k)
+    return values, indices
+
+
+def topk_right(x, k):
+    indices = x.reshape(-1).abs().argsort(descending=True)[:k]
+    return x.reshape(-1)[indices], indices
+
+
+def test_is_stub_tells_stubs_from_code():
+    assert exercises.is_stub(None) and exercises.is_stub(stub)
+    assert not exercises.is_stub(topk_right) and not exercises.is_stub(42)
+
+
+def test_topk_check_on_its_three_paths(capsys):
+    outcome = compressing_hooks.check_topk(stub)
+    assert outcome.status == NOT_ATTEMPTED and outcome.value is compressing_hooks.topk
+    assert "not attempted yet" in capsys.readouterr().out
+    outcome = compressing_hooks.check_topk(topk_by_value)
+    assert outcome.status == WRONG and outcome.value is compressing_hooks.topk
+    assert "rank the entries by x.abs()" in capsys.readouterr().out
+    assert "signed value" in compressing_hooks.check_topk(topk_magnitudes).message
+    outcome = compressing_hooks.check_topk(topk_right)
+    assert outcome.status == RIGHT and outcome.value is topk_right
+
+
+def test_a_check_says_what_the_learners_code_raised():
+    def broken(x, k):
+        return x[k + 10_000], None
+
+    outcome = compressing_hooks.check_topk(broken)
+    assert outcome.status == WRONG and "your code raised IndexError" in outcome.message
+
+
+def test_reveal_prints_the_reference_only_on_request(capsys):
+    exercises.reveal("topk")
+    assert "def topk(x" in capsys.readouterr().out
+    with pytest.raises(KeyError, match="no exercise"):
+        exercises.reveal("nope")
+
+
+def test_prediction_on_its_three_paths():
+    assert exercises.check_prediction("q", None, 4, "look at the spectrum").status == NOT_ATTEMPTED
+    wrong = exercises.check_prediction("q", 2, 4, "look at the spectrum")
+    assert wrong.status == WRONG and "look at the spectrum" in wrong.message and "4" not in wrong.message
+    assert exercises.check_prediction("q", 4, 4, "hint").status == RIGHT
+
+
+# -- hooks, run through the lab on a warm cluster --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with lab.Cluster(world_size=2) as c:
+        yield c
+
+
+def topk_hook_stub(state, bucket):
+    raise NotImplementedError
+
+
+def topk_hook_without_memory(state, bucket):  # plausible and wrong: forgets to update the residual
+    world = dist.get_world_size()
+    grad = bucket.buffer()
+    corrected = grad + state["residuals"].get(bucket.index(), 0)
+    values, indices = compressing_hooks.topk(corrected, max(1, int(state["ratio"] * grad.numel())))
+    gathered_v = [torch.empty_like(values) for _ in range(world)]
+    gathered_i = [torch.empty_like(indices) for _ in range(world)]
+    dist.all_gather(gathered_v, values)
+    dist.all_gather(gathered_i, indices)
+    grad.zero_()
+    for v, i in zip(gathered_v, gathered_i):
+        grad.index_add_(0, i, v)
+    grad.div_(world)
+    future = torch.futures.Future()
+    future.set_result(grad)
+    return future
+
+
+def sign_hook_mean_of_signs(state, bucket):  # plausible and wrong: mean(scale) x mean(sign)
+    world = dist.get_world_size()
+    grad = bucket.buffer()
+    corrected = grad + state["residuals"].get(bucket.index(), 0)
+    scale = corrected.abs().mean().reshape(1)
+    signs = torch.where(corrected >= 0, 1, -1).to(torch.int8)
+    state["residuals"][bucket.index()] = corrected - scale * signs
+    gathered_signs = [torch.empty_like(signs) for _ in range(world)]
+    gathered_scales = [torch.empty_like(scale) for _ in range(world)]
+    dist.all_gather(gathered_signs, signs)
+    dist.all_gather(gathered_scales, scale)
+    grad.copy_(sum(gathered_scales) / world * sum(g.float() for g in gathered_signs) / world)
+    future = torch.futures.Future()
+    future.set_result(grad)
+    return future
+
+
+def test_topk_hook_check_on_its_three_paths(cluster):
+    assert compressing_hooks.check_topk_ef_hook(topk_hook_stub, cluster=cluster).status == NOT_ATTEMPTED
+    wrong = compressing_hooks.check_topk_ef_hook(topk_hook_without_memory, cluster=cluster)
+    assert wrong.status == WRONG and "residual" in wrong.message
+    right = compressing_hooks.check_topk_ef_hook(compressing_hooks.topk_ef_hook, cluster=cluster)
+    assert right.status == RIGHT
+
+
+def test_sign_hook_check_catches_a_wrong_decoder(cluster):
+    wrong = compressing_hooks.check_sign_ef_hook(sign_hook_mean_of_signs, cluster=cluster)
+    assert wrong.status == WRONG and "step 0" in wrong.message
+    assert compressing_hooks.check_sign_ef_hook(compressing_hooks.sign_ef_hook, cluster=cluster).status == RIGHT
