@@ -42,7 +42,6 @@ _SUBMODULES = (
     "netmodel",
     "studies",
     "exercises",
-    "solutions",
     "widgets",
     "models",
     "probe",
