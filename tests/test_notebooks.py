@@ -67,3 +67,39 @@ def test_each_chapter_reads_like_one(path):
     assert text[0].startswith("# ") and "**What you'll learn**" in text[0] and "**What you need**" in text[0]
     assert any(t.startswith("## The idea") for t in text)
     assert any("## Exercise" in t for t in text)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_each_chapter_ends_with_practice_and_reading(path):
+    text = [source(c) for c in cells(path, "markdown")]
+    assert any(t.startswith("## On your own") for t in text), "an 'On your own' section: open questions to try"
+    assert any(t.startswith("## Further reading") for t in text), "a 'Further reading' section with sources"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_exercises_start_unsolved_and_no_solution_is_printed(path):
+    outputs = [
+        "".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+        for c in cells(path, "code")
+        for o in c["outputs"]
+    ]
+    assert any("not attempted yet" in o or "no prediction made" in o for o in outputs), (
+        "at least one exercise whose committed output shows it unsolved"
+    )
+    code = "\n".join(source(c) for c in cells(path, "code"))
+    assert "solutions." not in code and "inspect.getsource" not in code, "solutions only on request (reveal)"
+    assert not any("lab.exercises.reveal(" in line and not line.lstrip().startswith("#") for line in code.splitlines())
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_use_only_the_public_api(path):
+    import re
+
+    import commhooks_lab
+
+    public = set(commhooks_lab._SUBMODULES) | set(commhooks_lab.__all__)
+    code = "\n".join(source(c) for c in cells(path, "code"))
+    used = set(re.findall(r"commhooks_lab\.(\w+)", code)) | {
+        name for names in re.findall(r"from commhooks_lab import ([\w, ]+)", code) for name in names.split(", ")
+    }
+    assert used <= public, f"not public: {sorted(used - public)}"
