@@ -74,15 +74,15 @@ def comparison_configs(args: argparse.Namespace):
 
 def _compare(args: argparse.Namespace) -> int:
     configs = comparison_configs(args)
-    for config in configs:
-        config.check()  # every typo is reported before any process starts
-    if under_torchrun():
+    torchrun = under_torchrun()
+    if torchrun:  # the launcher decides the world size, not --world-size or this machine's limits
+        configs = [c.replace(world_size=int(os.environ["WORLD_SIZE"])) for c in configs]
+    choices = [config.check(local=not torchrun) for config in configs]  # every typo, before any process starts
+    if torchrun:
         from .experiment import assemble_result
         from .rank_job import run_experiments
         from .result import ResultSet
 
-        configs = [c.replace(world_size=int(os.environ["WORLD_SIZE"])) for c in configs]
-        choices = [c.check() for c in configs]
         per_rank = launch_from_env(run_experiments, configs, choices)  # one process group for every config
         if per_rank is None:  # not rank 0: rank 0 reports
             return 0

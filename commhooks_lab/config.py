@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .hooks import HookChoice, check_hook_choice
-from .launcher.options import check_launch_options
+from .launcher.options import DEFAULT_TIMEOUT_S, check_common_options, check_launch_options
 from .models import resolve_task_factory
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -55,7 +55,7 @@ class ExperimentConfig:
     sample_layer: str | None = None  # whose element-wise gradients to keep (default: the largest matrix)
     api: str = "torch"  # "torch": register_comm_hook; "accelerate": DistributedDataParallelKwargs
     backend: str | None = None
-    timeout_s: float = 120.0
+    timeout_s: float = DEFAULT_TIMEOUT_S  # seconds without progress before the run is called hung
     label: str | None = None  # a name for tables and legends
     probe: bool | None = None  # deprecated name of ``measure``
 
@@ -69,11 +69,18 @@ class ExperimentConfig:
             )
             self.measure, self.probe = bool(self.probe), None
 
-    def check(self) -> HookChoice:
-        """Validate everything; return the checked hook choice."""
+    def check(self, local: bool = True) -> HookChoice:
+        """Validate everything; return the checked hook choice.
+
+        ``local=False`` when the ranks are given (torchrun, accelerate launch, inside a rank):
+        this machine's limits (how many ranks, a GPU per rank here) are then not the lab's to check.
+        """
         choice = check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory)
         resolve_task_factory(self.model)
-        check_launch_options(self.world_size, self.backend, self.timeout_s, "spawn")
+        if local:
+            check_launch_options(self.world_size, self.backend, self.timeout_s, "spawn")
+        else:
+            check_common_options(self.world_size, self.backend, self.timeout_s)
         _positive("steps", self.steps, numbers.Integral)
         _positive("batch_size", self.batch_size, numbers.Integral)
         _positive("lr", self.lr)

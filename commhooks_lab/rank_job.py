@@ -40,7 +40,7 @@ def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = No
     ``choice`` is what ``config.check()`` returned in the notebook; it carries the registry
     record, so a hook registered in a notebook cell is built here too.
     """
-    choice = config.check() if choice is None else choice
+    choice = config.check(local=False) if choice is None else choice  # the ranks exist already
     task = build_task(config.model, config.seed)
     task.model.to(ctx.device)
     probe = Probe(list(task.model.named_parameters()), ctx.world_size, ctx.rank, measure=config.measure)
@@ -59,6 +59,7 @@ def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = No
         layers.extend(layer_rows)
 
     for step in range(config.steps):
+        ctx.heartbeat(step)  # a rank that stops here is named in the notebook, with the step
         x, y = (t.to(ctx.device) for t in next(setup.batches))
         start = time.perf_counter()
         setup.optimizer.zero_grad(set_to_none=True)

@@ -3,6 +3,8 @@
 Starting ranks costs seconds (``import torch`` plus rendezvous); a step costs milliseconds.
 A :class:`Cluster` pays the start once, keeps the process group alive, and on any failure
 tears everything down so the next run starts clean. ``launch`` is a one-shot Cluster.
+While it waits it watches the ranks' heartbeats, says in the notebook which rank is behind,
+and turns a hang into an error naming the rank the others waited for.
 """
 
 from __future__ import annotations
@@ -13,17 +15,20 @@ import os
 import pickle
 import signal
 import socket
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from datetime import timedelta
 from multiprocessing.connection import wait
 from typing import Any
 
 from . import rank_process
-from .errors import RankFailure, WorkerError, WorkerTimeoutError
-from .options import check_launch_options
+from .errors import RankFailure, WorkerError, WorkerTimeoutError, explain_death
+from .options import DEFAULT_TIMEOUT_S, check_launch_options
+from .rank_logs import RankLog, stderr_into
+from .step_watch import StepWatch
+from .store import loopback_store
 
 log = logging.getLogger("commhooks_lab")
 
@@ -37,6 +42,10 @@ FAILURE_GRACE_S = 0.5
 WATCHDOG_MARGIN_S = 2.0
 #: How long ranks get to leave after ``stop`` before they are terminated.
 SHUTDOWN_GRACE_S = 5.0
+#: Starting ranks (``import torch`` in each, on a busy laptop) may take longer than a short lesson timeout.
+START_TIMEOUT_S = 60.0
+#: While ranks make no progress, say so in the notebook this often.
+STALL_REPORT_S = 10.0
 
 _env_lock = threading.Lock()
 
@@ -119,7 +128,25 @@ def _root_cause_first(failures: list[RankFailure]) -> list[RankFailure]:
     return sorted(failures, key=lambda f: (2 if _is_echo(f) else (1 if f.how == "died" else 0), f.rank))
 
 
-def _shutdown(procs: list, conns: list, store_holder: list, graceful: bool) -> list[str]:
+def _start_helpers(start_method: str) -> None:
+    """Start multiprocessing's helper processes now, so they never inherit a rank's stderr file."""
+    if start_method == "fork":
+        return
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    if start_method == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def _say(line: str) -> None:
+    """Progress while waiting, printed by the caller's (the notebook's) own thread."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _shutdown(procs: list, conns: list, store_holder: list, logs: list, graceful: bool) -> list[str]:
     """Stop the ranks (politely if ``graceful``), reap them all, and report teardown crashes."""
     notes = []
     if graceful:
@@ -140,18 +167,23 @@ def _shutdown(procs: list, conns: list, store_holder: list, graceful: bool) -> l
     if graceful:
         for rank, p in enumerate(procs):
             if p.exitcode not in (0, None):
+                last = logs[rank].tail(1) if rank < len(logs) else ""
+                said = f' (its last words on stderr: "{last.strip()}")' if last.strip() else ""
                 notes.append(
                     f"rank {rank} {_describe_exit(p.exitcode)} during teardown, after it had delivered "
-                    "all its results: nothing was lost"
+                    f"all its results: nothing was lost{said}"
                 )
     for conn in conns:
         conn.close()
     for p in procs:
         with contextlib.suppress(ValueError):
             p.close()
+    for log_file in logs:
+        log_file.remove()
     store_holder.clear()
     procs.clear()
     conns.clear()
+    logs.clear()
     for note in notes:
         log.info(note)
     return notes
@@ -170,7 +202,7 @@ class Cluster:
         world_size: int = 2,
         *,
         backend: str | None = None,
-        timeout_s: float = 120.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         start_method: str = "spawn",
         env: dict[str, str] | None = None,
     ):
@@ -184,6 +216,7 @@ class Cluster:
         self._procs: list = []
         self._conns: list = []
         self._store: list = []
+        self._logs: list[RankLog] = []
         self._finalizer: weakref.finalize | None = None
         self.start()
 
@@ -201,31 +234,47 @@ class Cluster:
         if self.alive:
             return
         self._stop(graceful=False)
-        import torch.distributed as dist
         import torch.multiprocessing as mp
 
-        # The parent hosts the rendezvous store on a port the OS picks: no collisions between
-        # re-run cells or two kernels, and no race between choosing a port and binding it.
-        store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=self.timeout_s), wait_for_workers=False)
-        self._store.append(store)
         mp_ctx: Any = mp.get_context(self.start_method)
-        with _patched_environ(self.env):
-            for rank in range(self.world_size):
-                parent_end, child_end = mp_ctx.Pipe(duplex=True)
-                proc = mp_ctx.Process(
-                    target=rank_process.worker_main,
-                    args=(rank, self.world_size, self.backend, store.port, self.timeout_s, child_end),
-                    name=f"commhooks-rank{rank}",
-                    daemon=True,
-                )
-                self._procs.append(proc)
-                self._conns.append(parent_end)
-                proc.start()
-                child_end.close()
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._store, True)
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._store, self._logs, True)
         self.starts += 1
         try:
-            self._collect(rank_process.READY, self.timeout_s, None)
+            # The parent hosts the rendezvous store, on 127.0.0.1 only, on a port the OS picks:
+            # no collisions between re-run cells or two kernels, nothing open to the network.
+            store = loopback_store(self.timeout_s)
+            self._store.append(store)
+            _start_helpers(self.start_method)
+            with _patched_environ(self.env):
+                for rank in range(self.world_size):
+                    parent_end, child_end = mp_ctx.Pipe(duplex=True)
+                    rank_log = RankLog(rank)
+                    self._logs.append(rank_log)
+                    proc = mp_ctx.Process(
+                        target=rank_process.worker_main,
+                        args=(
+                            rank,
+                            self.world_size,
+                            self.backend,
+                            store.port,
+                            self.timeout_s,
+                            child_end,
+                            rank_log.path,
+                        ),
+                        name=f"commhooks-rank{rank}",
+                        daemon=True,
+                    )
+                    try:
+                        with stderr_into(rank_log.path):  # from its first instruction: bootstrap errors too
+                            proc.start()
+                    except BaseException:
+                        parent_end.close()
+                        raise
+                    finally:
+                        child_end.close()
+                    self._procs.append(proc)
+                    self._conns.append(parent_end)
+            self._collect(rank_process.READY, max(self.timeout_s, START_TIMEOUT_S), None)
         except BaseException:
             self._stop(graceful=False)
             raise
@@ -233,7 +282,7 @@ class Cluster:
     def _stop(self, graceful: bool) -> None:
         if self._finalizer is not None and self._finalizer.alive:
             self._finalizer.detach()
-            self.teardown_notes += _shutdown(self._procs, self._conns, self._store, graceful)
+            self.teardown_notes += _shutdown(self._procs, self._conns, self._store, self._logs, graceful)
         self._finalizer = None
 
     def close(self) -> None:
@@ -275,20 +324,34 @@ class Cluster:
 
     def _collect(self, expected: str, timeout_s: float, on_event: EventCallback | None) -> list:
         """Wait for one ``expected`` message per rank, forwarding events; raise on any failure."""
+        try:
+            return self._wait_for(expected, timeout_s, on_event)
+        finally:
+            for rank_log in self._logs:
+                rank_log.forward()  # what the ranks printed reaches our stderr, as it would unredirected
+
+    def _wait_for(self, expected: str, timeout_s: float, on_event: EventCallback | None) -> list:
         results: list = [None] * self.world_size
         pending = set(range(self.world_size))
         failures: list[RankFailure] = []
-        deadline = time.monotonic() + timeout_s + WATCHDOG_MARGIN_S
+        watch = StepWatch(self.world_size)
+        last_sign_of_life = time.monotonic()
         grace_until = None
+        phase = "starting" if expected == rank_process.READY else "working"
 
         def handle(rank: int, data: bytes) -> None:
+            nonlocal last_sign_of_life
             kind, _, payload = pickle.loads(data)
-            if kind == rank_process.EVENT:
+            last_sign_of_life = time.monotonic()
+            if kind == rank_process.HEARTBEAT:
+                watch.beat(rank, payload, last_sign_of_life)
+            elif kind == rank_process.EVENT:
                 if on_event is not None:
                     on_event(rank, payload)
             elif kind == expected:
                 results[rank] = payload
                 pending.discard(rank)
+                watch.finished(rank)
             elif kind == rank_process.ERROR:
                 failures.append(
                     RankFailure(rank, "raised", f"raised {payload['type']}: {payload['message']}", payload["traceback"])
@@ -297,20 +360,17 @@ class Cluster:
 
         while pending:
             now = time.monotonic()
+            # A rank that shows progress (heartbeats, events) keeps the run alive: timeout_s bounds silence.
+            deadline = last_sign_of_life + timeout_s + WATCHDOG_MARGIN_S
             if failures:
                 grace_until = grace_until or now + FAILURE_GRACE_S
                 if now >= grace_until:
                     break
             if now >= deadline:
-                hung = sorted(pending)
-                failure = RankFailure(
-                    hung[0],
-                    "timeout",
-                    f"gave no answer within timeout_s={timeout_s:g} s (ranks without an answer: "
-                    f"{hung}); a rank that never joins a collective hangs the others",
-                )
-                raise WorkerTimeoutError(failure, failures)
+                raise self._hang(watch, sorted(pending), timeout_s, failures, watchdog=True)
             until = min(deadline, grace_until) if grace_until else deadline
+            if watch.active:
+                until = min(until, now + 1.0)  # wake up to say which rank is behind
             by_conn = {self._conns[r]: r for r in pending}
             by_sentinel = {self._procs[r].sentinel: r for r in pending}
             for obj in wait(list(by_conn) + list(by_sentinel), timeout=max(0.0, until - now)):
@@ -328,22 +388,51 @@ class Cluster:
                         while rank in pending and conn.poll():
                             handle(rank, conn.recv_bytes())
                     if rank in pending:
-                        proc = self._procs[rank]
-                        proc.join(1.0)
-                        failures.append(RankFailure(rank, "died", f"{_describe_exit(proc.exitcode)} while working"))
+                        failures.append(self._death(rank, phase))
                         pending.discard(rank)
+            if not failures:
+                stall = watch.stall_message(time.monotonic(), STALL_REPORT_S, timeout_s)
+                if stall:
+                    _say(stall)
         if failures:
             first, *others = _root_cause_first(failures)
-            if _is_echo(first) and pending:  # the silent rank is the culprit, not the one that gave up
-                silent = sorted(pending)
-                raise WorkerTimeoutError(
-                    RankFailure(
-                        silent[0],
-                        "timeout",
-                        f"gave no answer (ranks without an answer: {silent}) while rank {first.rank} gave up "
-                        "waiting for it in a collective: a rank that never joins a collective hangs the others",
-                    ),
-                    [first, *others],
-                )
+            if _is_echo(first):  # a rank gave up waiting in a collective: name the one it waited for
+                hang = self._hang(watch, sorted(pending), timeout_s, failures, watchdog=False)
+                if hang is not None:
+                    raise hang
             raise WorkerError(first, others)
         return results
+
+    def _death(self, rank: int, phase: str) -> RankFailure:
+        """A rank that ended without a Python exception: how, and what it last wrote to stderr."""
+        proc = self._procs[rank]
+        proc.join(1.0)
+        tail = self._logs[rank].tail() if rank < len(self._logs) else ""
+        summary = f"{_describe_exit(proc.exitcode)} while {phase}"
+        explanation = explain_death(tail)
+        if explanation:
+            summary += f": it {explanation}"
+        return RankFailure(rank, "died", summary, stderr_tail=tail)
+
+    def _hang(self, watch: StepWatch, silent: list[int], timeout_s: float, failures: list, *, watchdog: bool):
+        """The error for ranks that stopped making progress (None if nothing points at a rank)."""
+        verdict = watch.verdict(silent, timeout_s)
+        if verdict is not None:
+            listed = f" (ranks the others waited for: {verdict.ranks})" if len(verdict.ranks) > 1 else ""
+            failure = RankFailure(verdict.ranks[0], "timeout", verdict.summary + listed, step=verdict.step)
+            return WorkerTimeoutError(failure, _root_cause_first(failures) if failures else None)
+        if not silent:
+            return None
+        where = f" (every rank had reached step {max(watch.reached.values())})" if watch.active else ""
+        if watchdog:
+            summary = (
+                f"gave no answer within timeout_s={timeout_s:g} s (ranks without an answer: {silent}){where}; "
+                "a rank that never joins a collective hangs the others"
+            )
+            return WorkerTimeoutError(RankFailure(silent[0], "timeout", summary), failures)
+        first = _root_cause_first(failures)[0]
+        summary = (
+            f"gave no answer (ranks without an answer: {silent}) while rank {first.rank} gave up "
+            f"waiting for it in a collective{where}: a rank that never joins a collective hangs the others"
+        )
+        return WorkerTimeoutError(RankFailure(silent[0], "timeout", summary), _root_cause_first(failures))

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .cluster import Cluster, EventCallback, serialize_task
-from .options import check_launch_options
+from .options import DEFAULT_TIMEOUT_S, check_launch_options
 
 
 def launch(
@@ -14,15 +14,16 @@ def launch(
     *args: Any,
     world_size: int = 2,
     backend: str | None = None,
-    timeout_s: float = 120.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     start_method: str = "spawn",
     on_event: EventCallback | None = None,
 ) -> list:
     """Run ``fn(ctx, *args)`` on ``world_size`` fresh DDP ranks and return their values, rank order.
 
     ``fn`` may be defined in a notebook cell (it travels by value). Any failure raises
-    :class:`~commhooks_lab.WorkerError` naming the rank, with every child process gone. For
-    repeated runs keep a :class:`~commhooks_lab.Cluster` instead: it skips the start-up.
+    :class:`~commhooks_lab.WorkerError` naming the rank, with every child process gone.
+    ``timeout_s`` bounds how long the ranks may go without a sign of life (a heartbeat, an
+    event, a result). For repeated runs keep a :class:`~commhooks_lab.Cluster`: it skips the start-up.
     """
     check_launch_options(world_size, backend, timeout_s, start_method)
     payload = serialize_task(fn, args)  # refuse unpicklable input before any process starts

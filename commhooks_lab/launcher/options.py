@@ -1,4 +1,9 @@
-"""Refuse bad launch options before any process starts, with a message that says what to do."""
+"""Refuse bad launch options before any process starts, with a message that says what to do.
+
+Two kinds of check: those that hold everywhere (types, names) and the laptop limits, which
+only make sense when the lab itself starts the ranks on this machine. Under torchrun or
+``accelerate launch`` the launcher decides the world size and the devices, not this machine.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import numbers
 import os
 
 BACKENDS = ("gloo", "nccl")
+#: Lessons wait this long for a silent rank: long enough for a step, short enough to stay in the lesson.
+DEFAULT_TIMEOUT_S = 30.0
 
 
 def max_local_world_size() -> int:
@@ -20,13 +27,27 @@ def _cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def check_launch_options(world_size, backend, timeout_s, start_method) -> str:
-    """Validate and return the backend to use (``None`` -> nccl if every rank gets a GPU, else gloo)."""
+def check_common_options(world_size, backend, timeout_s) -> None:
+    """What must hold wherever the ranks come from: a positive world size, a known backend, a timeout."""
     if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
         raise TypeError(f"world_size must be a positive int (number of ranks), got {world_size!r}")
-    world_size = int(world_size)
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not float(timeout_s) > 0:
+        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(
+            f"unknown backend {backend!r}; choose 'gloo' (CPU) or 'nccl' (one GPU per rank), or None to pick"
+        )
+
+
+def check_launch_options(world_size, backend, timeout_s, start_method) -> str:
+    """Checks for ranks the lab starts on this machine; returns the backend to use.
+
+    ``None`` picks nccl if every rank gets a GPU of its own here, else gloo.
+    """
+    check_common_options(world_size, backend, timeout_s)
+    world_size = int(world_size)
     limit = max_local_world_size()
     if world_size > limit:
         raise ValueError(
@@ -34,8 +55,6 @@ def check_launch_options(world_size, backend, timeout_s, start_method) -> str:
             f"{os.cpu_count()} CPU cores; the lab allows at most {limit} here. "
             "For more ranks use torchrun or accelerate launch on a real cluster."
         )
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not float(timeout_s) > 0:
-        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
     methods = multiprocessing.get_all_start_methods()
     if start_method not in methods:
         raise ValueError(
@@ -43,10 +62,6 @@ def check_launch_options(world_size, backend, timeout_s, start_method) -> str:
         )
     if backend is None:
         return "nccl" if _cuda_device_count() >= world_size else "gloo"
-    if backend not in BACKENDS:
-        raise ValueError(
-            f"unknown backend {backend!r}; choose 'gloo' (CPU) or 'nccl' (one GPU per rank), or None to pick"
-        )
     if backend == "nccl" and _cuda_device_count() < world_size:
         raise ValueError(
             f"backend='nccl' needs one CUDA device per rank: world_size={world_size}, "

@@ -2,7 +2,8 @@
 
 Kept import-light (torch and cloudpickle only) because each spawned rank imports it before
 it can do anything. Messages travel over one private pipe per rank as pickled bytes, so a
-result is data (never printed text) and a dead rank can never hold a shared lock.
+result is data (never printed text) and a dead rank can never hold a shared lock. Within a
+rank one lock guards the pipe: a hook's ``.then()`` callback reports from gloo's threads.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 # Message kinds, child -> parent.
-READY, EVENT, RESULT, ERROR = "ready", "event", "result", "error"
+READY, EVENT, HEARTBEAT, RESULT, ERROR = "ready", "event", "heartbeat", "result", "error"
 # Message kinds, parent -> child.
 RUN, STOP = "run", "stop"
 
@@ -34,15 +35,26 @@ class WorkerContext:
     device: Any  # torch.device
     local_rank: int = 0
     _sink: Callable[[dict], None] | None = field(default=None, repr=False)
+    _beat: Callable[[int], None] | None = field(default=None, repr=False)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
     def report(self, **event: Any) -> None:
-        """Send a progress event (small, picklable values) to the parent's ``on_event``."""
+        """Send a progress event (small, picklable values) to the parent's ``on_event``; any thread may call it."""
         if self._sink is not None:
             self._sink(event)
+
+    def heartbeat(self, step: int) -> None:
+        """Tell the notebook this rank has reached ``step`` (every rank, every step: a few bytes).
+
+        When ranks stop making progress the notebook says which rank is behind, and a hang ends
+        in a ``WorkerTimeoutError`` naming the rank the others waited for and the step.
+        Does nothing under torchrun, where no notebook is listening.
+        """
+        if self._beat is not None:
+            self._beat(int(step))
 
 
 def error_payload(exc: BaseException) -> dict:
@@ -54,16 +66,34 @@ def error_payload(exc: BaseException) -> dict:
     }
 
 
-def _send(conn, message: tuple) -> None:
-    import cloudpickle
+class Channel:
+    """This rank's end of its pipe to the parent, safe to use from any thread.
 
-    try:
-        data = cloudpickle.dumps(message)
-    except Exception as exc:  # an unpicklable result must not kill the rank silently
-        kind, rank, _ = message
-        wrapped = TypeError(f"rank {rank} produced a {kind} that cannot be pickled: {exc}")
-        data = pickle.dumps((ERROR, rank, error_payload(wrapped)))
-    conn.send_bytes(data)
+    ``Connection.send_bytes`` writes a large message in several ``write`` calls; without the
+    lock a report from a gloo callback thread could land in the middle of the main thread's.
+    """
+
+    def __init__(self, conn, rank: int):
+        self.conn = conn
+        self.rank = rank
+        self._lock = threading.Lock()
+
+    def send(self, kind: str, payload: Any) -> None:
+        import cloudpickle
+
+        try:
+            data = cloudpickle.dumps((kind, self.rank, payload))
+        except Exception as exc:  # an unpicklable result must not kill the rank silently
+            wrapped = TypeError(f"rank {self.rank} produced a {kind} that cannot be pickled: {exc}")
+            data = pickle.dumps((ERROR, self.rank, error_payload(wrapped)))
+        self._send_bytes(data)
+
+    def heartbeat(self, step: int) -> None:
+        self._send_bytes(pickle.dumps((HEARTBEAT, self.rank, step)))
+
+    def _send_bytes(self, data: bytes) -> None:
+        with self._lock:
+            self.conn.send_bytes(data)
 
 
 def _exit_when_orphaned(poll_s: float = 0.5) -> None:
@@ -87,29 +117,32 @@ def _exit_when_orphaned(poll_s: float = 0.5) -> None:
 
 
 def init_process_group(rank: int, world_size: int, backend: str, store, timeout_s: float):
-    """Join the group and pick this rank's device (one CUDA device per rank under NCCL)."""
-    import torch
+    """Join the group and pick this rank's device (the same rule as under torchrun)."""
     import torch.distributed as dist
 
-    if backend == "nccl":
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    from .devices import backend_and_device
+
+    backend, device = backend_and_device(backend, local_rank=rank)
     dist.init_process_group(
         backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
     )
     return device
 
 
-def worker_main(rank: int, world_size: int, backend: str, store_port: int, timeout_s: float, conn) -> None:
+def worker_main(
+    rank: int, world_size: int, backend: str, store_port: int, timeout_s: float, conn, stderr_path: str | None = None
+) -> None:
     """Entry point of one rank started by :class:`commhooks_lab.Cluster`."""
     import signal
 
+    if stderr_path is not None:
+        from .rank_logs import redirect_own_stderr
+
+        redirect_own_stderr(stderr_path)  # already so under spawn and fork; not under forkserver
     # A kernel interrupt reaches the whole process group; the parent decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_when_orphaned()
+    channel = Channel(conn, rank)
     try:
         import cloudpickle
         import torch
@@ -130,11 +163,17 @@ def worker_main(rank: int, world_size: int, backend: str, store_port: int, timeo
         store = dist.TCPStore("127.0.0.1", store_port, world_size, False, timedelta(seconds=timeout_s))
         device = init_process_group(rank, world_size, backend, store, timeout_s)
         ctx = WorkerContext(
-            rank, world_size, backend, device, local_rank=rank, _sink=lambda event: _send(conn, (EVENT, rank, event))
+            rank,
+            world_size,
+            backend,
+            device,
+            local_rank=rank,
+            _sink=lambda event: channel.send(EVENT, event),
+            _beat=channel.heartbeat,
         )
-        _send(conn, (READY, rank, None))
+        channel.send(READY, None)
     except BaseException as exc:
-        _send(conn, (ERROR, rank, error_payload(exc)))
+        channel.send(ERROR, error_payload(exc))
         return
     while True:
         try:
@@ -147,9 +186,9 @@ def worker_main(rank: int, world_size: int, backend: str, store_port: int, timeo
             fn, args = cloudpickle.loads(payload)
             value = fn(ctx, *args)
         except BaseException as exc:
-            _send(conn, (ERROR, rank, error_payload(exc)))
+            channel.send(ERROR, error_payload(exc))
         else:
-            _send(conn, (RESULT, rank, value))
+            channel.send(RESULT, value)
     dist.destroy_process_group()
     conn.close()
     # Every result is delivered. Skip C++ static destructors: a joinable gloo thread destroyed

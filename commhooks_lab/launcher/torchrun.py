@@ -2,7 +2,9 @@
 
 In a notebook, :func:`~commhooks_lab.launch` starts the ranks; on a cluster the launcher
 does, and sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. ``launch_from_env`` joins
-that group and calls ``fn(ctx, *args)`` exactly as ``launch`` would.
+that group and calls ``fn(ctx, *args)`` exactly as ``launch`` would. The laptop's limits
+(how many ranks, one GPU per rank counted on this machine) do not apply: the launcher
+decides the world size, and each rank takes GPU ``LOCAL_RANK`` of its own node.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from .devices import backend_and_device
+from .options import check_common_options
 from .rank_process import WorkerContext
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -40,19 +44,15 @@ def launch_from_env(
             f"launch_from_env needs {', '.join(missing)} in the environment: start it with "
             "torchrun --nproc-per-node N ... (or use commhooks_lab.launch in a notebook)"
         )
-    import torch
     import torch.distributed as dist
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    check_common_options(world_size, backend, timeout_s)
     owns_group = not dist.is_initialized()
+    if not owns_group and backend is None:
+        backend = str(dist.get_backend())  # the group someone else made decides
+    backend, device = backend_and_device(backend, local_rank)
     if owns_group:
         dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
     ctx = WorkerContext(rank, world_size, backend, device, local_rank=local_rank, _sink=on_event if rank == 0 else None)
