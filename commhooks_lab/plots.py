@@ -10,6 +10,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 
 from .result import Result
 
@@ -108,29 +109,83 @@ def gradient_agreement(result: Result) -> Figure:
     return fig
 
 
-def _draw_tradeoff(ax, results: list[Result]) -> None:
-    for r in results:
-        row = r.summary()
-        if "rel_error" not in row or not row["payload_vs_fp32"] > 0:
-            continue  # noop sends nothing: no place on a log axis
-        x, y = row["payload_vs_fp32"], max(row["rel_error"], FLOOR)
-        ax.scatter([x], [y], s=40)
-        ax.annotate(r.name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize="small")
+def _colors(results: list[Result]) -> dict[str, Any]:
+    """One colour per hook, the same in every panel of a figure."""
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {r.name: cycle[i % len(cycle)] for i, r in enumerate(results)}
+
+
+def _averaged_over(result: Result) -> str:
+    """Which steps a summary averages: those that compressed, or all if the hook never compressed."""
+    s, compressed = result.steps, result.compressed_steps()
+    if len(compressed) == len(s):
+        return ""
+    steps = compressed["step"]
+    return f" (steps {int(steps.min())}-{int(steps.max())})"
+
+
+def _draw_tradeoff(ax, results: list[Result], colors: dict[str, Any] | None = None) -> None:
+    """One point per hook; a hook that sends nothing (noop) sits left of a break, at "0"."""
+    colors = colors or _colors(results)
+    rows = [(r, r.summary()) for r in results]
+    rows = [(r, row) for r, row in rows if "rel_error" in row and row["payload_vs_fp32"] >= 0]
+    sent = [row["payload_vs_fp32"] for _, row in rows if row["payload_vs_fp32"] > 0]
+    smallest = min(sent, default=1.0)
+    zero_x = smallest / 6  # where "sends 0 bytes" is drawn on the log axis
+    for r, row in rows:
+        silent = row["payload_vs_fp32"] == 0
+        x = zero_x if silent else row["payload_vs_fp32"]
+        ax.scatter(
+            [x],
+            [max(row["rel_error"], FLOOR)],
+            s=55,
+            color=colors[r.name],
+            marker="X" if silent else "o",
+            label=f"{r.name}{' (sends 0 B)' if silent else ''}{_averaged_over(r)}",
+            zorder=3,
+        )
     ax.set(
         xscale="log",
         yscale="log",
         xlabel="payload / fp32 allreduce payload (bytes ratio)",
-        ylabel="mean rel_error over compressed steps",
-        title="Bytes saved vs error paid",
+        ylabel="mean rel_error per step",
+        title="Bytes saved vs error paid (lower left is better)",
     )
+    ax.xaxis.set_minor_locator(NullLocator())
+    decades = [10.0**k for k in range(int(np.floor(np.log10(smallest))), 1) if 10.0**k > 2.5 * zero_x]
+    if any(row["payload_vs_fp32"] == 0 for _, row in rows):
+        ax.axvline(np.sqrt(zero_x * smallest), color="gray", linewidth=0.8, linestyle=":")
+        ax.set_xticks([zero_x, *decades], ["0", *[f"{d:g}" for d in decades]])
+        ax.set_xlim(zero_x / 2, 2.0)
+    else:
+        ax.set_xticks(decades, [f"{d:g}" for d in decades])
+        ax.set_xlim(smallest / 2, 2.0)
     ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), title="hook (steps averaged)")
 
 
 def tradeoff(results: Iterable[Result]) -> Figure:
     """Bytes against error, one point per hook (log-log): the price of each byte saved."""
-    fig, ax = plt.subplots(figsize=(7, 5), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(8.5, 5), constrained_layout=True)
     _draw_tradeoff(ax, _list(results))
     return fig
+
+
+def _takeaway(results: list[Result]) -> str:
+    """The overview's title: which compressing hook saves most bytes, which keeps the error lowest."""
+    rows = [r.summary() for r in results]
+    compressing = [row for row in rows if "rel_error" in row and 0 < row["payload_vs_fp32"] < 1]
+    if not compressing:
+        return "Error per step, and bytes against error"
+    fewest = min(compressing, key=lambda row: row["payload_vs_fp32"])
+    closest = min(compressing, key=lambda row: row["rel_error"])
+    if fewest is closest:
+        return f"{fewest['hook']} sends the fewest bytes and keeps the lowest error of the compressing hooks"
+    return (
+        f"Fewest bytes: {fewest['hook']} ({fewest['payload_vs_fp32']:.1%} of fp32, rel_error "
+        f"{fewest['rel_error']:.2g}); lowest error: {closest['hook']} ({closest['payload_vs_fp32']:.0%} of fp32, "
+        f"rel_error {closest['rel_error']:.1e})"
+    )
 
 
 def loss_curves(results: Iterable[Result], baseline: str | None = "allreduce") -> Figure:
@@ -229,9 +284,16 @@ def cumulative_error(results: Iterable[Result]) -> Figure:
 def overview(results: Iterable[Result]) -> Figure:
     """The main job's picture: error per step and the bytes/error trade-off, side by side."""
     results = _list(results)
-    fig, (ax_err, ax_trade) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
-    _draw_per_step(ax_err, results, lambda s: s["rel_error"], "rel_error", "Error per step")
-    _draw_tradeoff(ax_trade, results)
+    colors = _colors(results)
+    fig, (ax_err, ax_trade) = plt.subplots(
+        1, 2, figsize=(14, 5), constrained_layout=True, gridspec_kw={"width_ratios": [1, 1.45]}
+    )
+    for r in results:
+        ax_err.plot(r.steps["step"], _positive(r.steps["rel_error"]), marker=".", color=colors[r.name], label=r.name)
+    ax_err.set(yscale="log", xlabel="step", ylabel="rel_error = ||h - exact|| / ||exact||", title="Error per step")
+    ax_err.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0.0, -0.13), ncols=3)
+    _draw_tradeoff(ax_trade, results, colors)
+    fig.suptitle(_takeaway(results))
     return fig
 
 

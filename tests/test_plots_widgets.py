@@ -67,11 +67,33 @@ def test_gradient_agreement_shows_the_spread_and_every_sampled_element(results):
     assert "same gradient" in fig.axes[0].texts[0].get_text()
 
 
-def test_tradeoff_places_every_hook_that_sends_bytes(results):
+def test_tradeoff_places_every_hook_noop_at_zero_bytes(results):
     ax = plots.tradeoff(results).axes[0]
-    assert len(ax.collections) == len(results) - 1  # noop sends nothing
+    assert len(ax.collections) == len(results)  # noop too, left of the break, at "0"
     assert ax.get_xscale() == ax.get_yscale() == "log"
-    assert "noop" not in [t.get_text() for t in ax.texts]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "noop (sends 0 B)" in labels and "allreduce" in labels  # allreduce: every step, no "(steps ...)"
+    assert "power_sgd r1 (steps 2-3)" in labels  # PowerSGD: only the steps it compressed
+    assert [t.get_text() for t in ax.get_xticklabels()][0] == "0"
+
+
+def _overlaps(a, b) -> bool:
+    return a.width > 0 and b.width > 0 and a.overlaps(b)
+
+
+def test_overview_has_a_legend_per_panel_a_takeaway_and_no_overlapping_labels(results):
+    fig = plots.overview(results)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        assert legend is not None and len(legend.get_texts()) == len(results)
+        box = legend.get_window_extent(renderer)
+        assert not _overlaps(box, ax.get_window_extent(renderer))  # outside the data area
+        assert not _overlaps(box, ax.xaxis.label.get_window_extent(renderer))
+    title = fig.get_suptitle()
+    assert title.startswith("Fewest bytes: power_sgd r1") and "lowest error: fp16" in title
+    assert "compressed steps" not in fig.axes[1].get_ylabel()  # allreduce never compresses: no such claim
 
 
 def test_loss_curves_draw_the_baseline_dashed(results):
