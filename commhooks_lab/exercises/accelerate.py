@@ -1,0 +1,124 @@
+"""Notebook 5's exercises: write Accelerate's DistributedDataParallelKwargs; predict what the FP16 wrapper does.
+
+The kwargs check reads the fields Accelerate itself reads in ``DistributedDataParallelKwargs.register_comm_hook``
+(``comm_hook`` and ``comm_wrapper`` looked up in dicts keyed by ``DDPCommunicationHookType`` members,
+``comm_state_option`` passed to ``PowerSGDState``), so it decides without starting processes and can name
+each plausible mistake, including the silent ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import Outcome, check_function, check_prediction, reference
+
+#: The exercise: the source document's configuration, compressing from this step on (steps count from 0).
+MATRIX_RANK = 2
+FIRST_COMPRESSED_STEP = 3
+#: A per-step rel_error ratio within this band of 1 counts as "about the same".
+SAME_WITHIN = 0.01
+CHOICES = ("lower", "about the same", "higher")
+
+# -- references -------------------------------------------------------------------------------------
+
+
+@reference("source_document_kwargs")
+def source_document_kwargs():
+    """PowerSGD of matrix rank 2 inside the FP16 wrapper, compressing from step 3 on."""
+    from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
+
+    return DistributedDataParallelKwargs(
+        comm_hook=DDPCommunicationHookType.POWER_SGD,
+        comm_wrapper=DDPCommunicationHookType.FP16,
+        comm_state_option={"matrix_approximation_rank": 2, "start_powerSGD_iter": 3},
+    )
+
+
+# -- checks -----------------------------------------------------------------------------------------
+
+
+def _verify_kwargs(fn) -> str | None:
+    from accelerate.utils import DDPCommunicationHookType as Hook
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    from .._compat import power_sgd_defaults
+
+    kwargs = fn()
+    if not isinstance(kwargs, DistributedDataParallelKwargs):
+        return f"return a DistributedDataParallelKwargs, not {type(kwargs).__name__}."
+    for field in ("comm_hook", "comm_wrapper"):
+        value = getattr(kwargs, field)
+        if not isinstance(value, Hook):
+            return (
+                f"{field}={value!r} is not a DDPCommunicationHookType member. Accelerate looks {field} up in a dict "
+                "keyed by the enum's members, so a plain string finds nothing and no hook is registered, without "
+                "an error."
+            )
+    if kwargs.comm_hook == Hook.FP16 and kwargs.comm_wrapper == Hook.POWER_SGD:
+        return (
+            "hook and wrapper are swapped: Accelerate's comm_wrapper takes only NO, FP16 or BF16 (a wrapper around "
+            "another hook); it would register the plain FP16 hook and ignore POWER_SGD."
+        )
+    if kwargs.comm_hook != Hook.POWER_SGD:
+        return f"comm_hook={kwargs.comm_hook} is not the hook the source document compresses with."
+    if kwargs.comm_wrapper != Hook.FP16:
+        return f"comm_wrapper={kwargs.comm_wrapper}: the source document wraps PowerSGD in another hook type."
+    options = dict(kwargs.comm_state_option)
+    defaults = power_sgd_defaults()
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        return f"PowerSGDState takes no {unknown}: comm_state_option holds PowerSGDState's keyword arguments."
+    if options.get("matrix_approximation_rank", defaults["matrix_approximation_rank"]) != MATRIX_RANK:
+        return f"PowerSGD's matrix rank should be {MATRIX_RANK}, as in the source document's comm_state_option example."
+    start = options.get("start_powerSGD_iter", defaults["start_powerSGD_iter"])
+    if start != FIRST_COMPRESSED_STEP:
+        return (
+            f"with start_powerSGD_iter={start} the first compressed step is step {start} (PowerSGD counts steps from "
+            f"0 and runs plain all-reduce while its counter is below start_powerSGD_iter); the exercise asks for "
+            f"step {FIRST_COMPRESSED_STEP}."
+        )
+    changed = sorted(
+        k
+        for k, v in options.items()
+        if k not in ("matrix_approximation_rank", "start_powerSGD_iter") and v != defaults[k]
+    )
+    if changed:
+        return f"the source document keeps PowerSGD's other defaults; you changed {changed}."
+    return None
+
+
+def check_source_document_kwargs(attempt) -> Outcome:
+    """``source_document_kwargs() -> DistributedDataParallelKwargs`` for the exercise's configuration."""
+    return check_function(
+        "source_document_kwargs",
+        attempt,
+        _verify_kwargs,
+        f"PowerSGD of matrix rank {MATRIX_RANK} inside the FP16 wrapper, compressing from step "
+        f"{FIRST_COMPRESSED_STEP} on.",
+    )
+
+
+def fp16_wrapper_effect(plain: Any, wrapped: Any, first_step: int) -> str:
+    """Compare per-step rel_error of two runs on the steps where PowerSGD itself compressed (from ``first_step``)."""
+    a = plain.steps["rel_error"].iloc[first_step:].to_numpy()
+    b = wrapped.steps["rel_error"].iloc[first_step:].to_numpy()
+    ratio = float(b.mean() / a.mean())
+    if abs(ratio - 1) <= SAME_WITHIN:
+        return "about the same"
+    return "lower" if ratio < 1 else "higher"
+
+
+def check_fp16_wrapper_prediction(prediction: Any, plain: Any, wrapped: Any, first_step: int) -> Outcome:
+    """Predicted: at PowerSGD's own steps, is rel_error with the FP16 wrapper lower, about the same, or higher?"""
+    answer = fp16_wrapper_effect(plain, wrapped, first_step)
+    if prediction is not None and prediction not in CHOICES:
+        return check_prediction("fp16_wrapper", prediction, answer, f"answer with one of {list(CHOICES)}.")
+    return check_prediction(
+        "fp16_wrapper",
+        prediction,
+        answer,
+        "compare the two sizes of error involved: what rounding to float16 adds to each number (its unit "
+        "roundoff) and what PowerSGD of matrix rank 1 leaves out of the gradient at each step.",
+        "Rounding to float16 costs about its unit roundoff, 2^-11 ≈ 4.9e-4, per number (more for subnormals and "
+        "after float16 arithmetic); PowerSGD's per-step error at matrix rank 1 is close to 1, so PowerSGD decides.",
+    )

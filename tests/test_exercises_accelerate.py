@@ -1,0 +1,81 @@
+"""Notebook 5's checks on their three paths: not attempted, wrong (plausible mistakes, silent ones too), right."""
+
+import pandas as pd
+import pytest
+
+from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
+from commhooks_lab.exercises import accelerate as ex
+from commhooks_lab.result import Result
+
+accelerate = pytest.importorskip("accelerate")
+from accelerate.utils import DDPCommunicationHookType as Hook  # noqa: E402
+from accelerate.utils import DistributedDataParallelKwargs  # noqa: E402
+
+
+def stub():
+    """Your code here."""
+    raise NotImplementedError
+
+
+def kwargs(hook=Hook.POWER_SGD, wrapper=Hook.FP16, **options):
+    def make():
+        return DistributedDataParallelKwargs(comm_hook=hook, comm_wrapper=wrapper, comm_state_option=options)
+
+    return make
+
+
+RIGHT_OPTIONS = {"matrix_approximation_rank": 2, "start_powerSGD_iter": 3}
+
+
+def test_kwargs_not_attempted(capsys):
+    outcome = ex.check_source_document_kwargs(stub)
+    assert outcome.status == NOT_ATTEMPTED and outcome.value is ex.source_document_kwargs
+    assert "not attempted yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "attempt, says",
+    [
+        (kwargs(matrix_approximation_rank=2), "first compressed step is step 1000"),  # the source document as is
+        (kwargs(matrix_approximation_rank=2, start_powerSGD_iter=4), "step 4"),  # off by one
+        (kwargs(Hook.FP16, Hook.POWER_SGD, **RIGHT_OPTIONS), "swapped"),
+        (kwargs("power_sgd", "fp16", **RIGHT_OPTIONS), "no hook is registered"),  # strings: silently ignored
+        (kwargs(Hook.POWER_SGD, Hook.NO, **RIGHT_OPTIONS), "wraps PowerSGD"),
+        (kwargs(Hook.BATCHED_POWER_SGD, Hook.FP16, **RIGHT_OPTIONS), "not the hook"),
+        (kwargs(start_powerSGD_iter=3), "matrix rank should be 2"),
+        (kwargs(**RIGHT_OPTIONS, use_error_feedback=False), "other defaults"),
+        (kwargs(**RIGHT_OPTIONS, rank=2), "PowerSGDState takes no"),
+        (lambda: {"comm_hook": Hook.POWER_SGD}, "return a DistributedDataParallelKwargs"),
+    ],
+)
+def test_kwargs_wrong_attempts_get_a_hint(attempt, says):
+    outcome = ex.check_source_document_kwargs(attempt)
+    assert outcome.status == WRONG and says in outcome.message, outcome.message
+    assert outcome.value is ex.source_document_kwargs
+
+
+def test_kwargs_right():
+    attempt = kwargs(**RIGHT_OPTIONS, min_compression_rate=2)  # naming a default explicitly is fine
+    outcome = ex.check_source_document_kwargs(attempt)
+    assert outcome.status == RIGHT and outcome.value is attempt
+    assert ex.check_source_document_kwargs(ex.source_document_kwargs).status == RIGHT
+
+
+def run(errors):
+    return Result({}, pd.DataFrame({"step": range(len(errors)), "rel_error": errors}), pd.DataFrame())
+
+
+def test_fp16_wrapper_prediction_on_its_three_paths():
+    plain, wrapped = run([0, 0, 0.9, 0.93, 1.0]), run([3e-4, 3e-4, 0.9, 0.931, 1.0])
+    assert ex.fp16_wrapper_effect(plain, wrapped, first_step=2) == "about the same"
+    assert ex.check_fp16_wrapper_prediction(None, plain, wrapped, 2).status == NOT_ATTEMPTED
+    wrong = ex.check_fp16_wrapper_prediction("lower", plain, wrapped, 2)
+    assert wrong.status == WRONG and "unit roundoff" in wrong.message and "about the same" not in wrong.message
+    assert "one of" in ex.check_fp16_wrapper_prediction("less", plain, wrapped, 2).message
+    assert ex.check_fp16_wrapper_prediction("about the same", plain, wrapped, 2).status == RIGHT
+
+
+def test_fp16_wrapper_effect_compares_only_powersgds_own_steps():
+    plain, wrapped = run([0, 0, 0.9, 0.9]), run([0.5, 0.5, 0.5, 0.5])
+    assert ex.fp16_wrapper_effect(plain, wrapped, first_step=2) == "lower"
+    assert ex.fp16_wrapper_effect(run([0.0, 0.9]), run([0.0, 1.2]), first_step=1) == "higher"
