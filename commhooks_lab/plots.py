@@ -281,6 +281,24 @@ def cumulative_error(results: Iterable[Result]) -> Figure:
     return fig
 
 
+def error_feedback(results: Iterable[Result], title: str | None = None) -> Figure:
+    """Per-step rel_error beside cumulative_rel_error, on linear axes from 0: what error feedback trades."""
+    results = _list(results)
+    fig, (ax_step, ax_sum) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True, sharey=True)
+    for r in results:
+        ax_step.plot(r.steps["step"], r.steps["rel_error"], marker=".", label=r.name)
+        ax_sum.plot(r.steps["step"], r.steps["cumulative_rel_error"], marker=".", label=r.name)
+    top = max(1.05 * max(r.steps[["rel_error", "cumulative_rel_error"]].max().max() for r in results), 1.0)
+    ax_step.set(xlabel="step", ylabel="relative error", ylim=(0, top), title="Each step: rel_error of h_t")
+    ax_sum.set(xlabel="step", title="Summed over steps so far: cumulative_rel_error")
+    for ax in (ax_step, ax_sum):
+        ax.axhline(1.0, color="gray", linewidth=0.8, linestyle=":", label="1: as far off as h = 0")
+        ax.legend(fontsize="small", loc="lower left")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
 def overview(results: Iterable[Result]) -> Figure:
     """The main job's picture: error per step and the bytes/error trade-off, side by side."""
     results = _list(results)

@@ -131,3 +131,56 @@ def test_sign_hook_check_catches_a_wrong_decoder(cluster):
     wrong = compressing_hooks.check_sign_ef_hook(sign_hook_mean_of_signs, cluster=cluster)
     assert wrong.status == WRONG and "step 0" in wrong.message
     assert compressing_hooks.check_sign_ef_hook(compressing_hooks.sign_ef_hook, cluster=cluster).status == RIGHT
+
+
+# -- predictions of notebook 7 ------------------------------------------------------------------------
+
+
+def fake_run(rel_errors, cumulative):
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    return SimpleNamespace(steps=pd.DataFrame({"rel_error": rel_errors, "cumulative_rel_error": cumulative}))
+
+
+def test_ef_prediction_on_its_three_paths(capsys):
+    with_ef, without_ef = fake_run([0.8, 1.2], [0.8, 0.5]), fake_run([0.8, 0.78], [0.8, 0.81])
+    outcome = compressing_hooks.check_ef_prediction(None, with_ef, without_ef)
+    assert outcome.status == NOT_ATTEMPTED and "no prediction made" in capsys.readouterr().out
+    assert outcome.value == {"rel_error": "higher", "cumulative_rel_error": "lower"}
+    # plausible and wrong: "error feedback makes everything more accurate"
+    wrong = compressing_hooks.check_ef_prediction(
+        {"rel_error": "lower", "cumulative_rel_error": "lower"}, with_ef, without_ef
+    )
+    assert wrong.status == WRONG and "rel_error" in wrong.message and "e_(t-1)" in wrong.message
+    assert "higher" not in wrong.message.split("not yet")[1].split("?")[0]  # the hint asks, never answers
+    wrong = compressing_hooks.check_ef_prediction(
+        {"rel_error": "higher", "cumulative_rel_error": "higher"}, with_ef, without_ef
+    )
+    assert wrong.status == WRONG and "cumulative_rel_error" in wrong.message
+    malformed = compressing_hooks.check_ef_prediction("lower", with_ef, without_ef)
+    assert malformed.status == WRONG and "a dict with the keys" in malformed.message
+    typo = compressing_hooks.check_ef_prediction(
+        {"rel_error": "up", "cumulative_rel_error": "lower"}, with_ef, without_ef
+    )
+    assert typo.status == WRONG and "'higher' or 'lower'" in typo.message
+    right = compressing_hooks.check_ef_prediction(
+        {"rel_error": "higher", "cumulative_rel_error": "lower"}, with_ef, without_ef
+    )
+    assert right.status == RIGHT and "e_T" in right.message
+
+
+def test_ef_prediction_follows_the_measurement_not_a_fixed_answer():
+    with_ef, without_ef = fake_run([0.5, 0.5], [0.9, 0.9]), fake_run([0.8, 0.8], [0.4, 0.4])
+    outcome = compressing_hooks.check_ef_prediction(None, with_ef, without_ef)
+    assert outcome.value == {"rel_error": "lower", "cumulative_rel_error": "higher"}
+
+
+def test_rng_prediction_on_its_three_paths():
+    same = [[0.1, 0.2], [0.1, 0.2]]
+    assert compressing_hooks.check_rng_prediction(None, same).status == NOT_ATTEMPTED
+    wrong = compressing_hooks.check_rng_prediction("different", same)  # plausible: "separate processes differ"
+    assert wrong.status == WRONG and "seeds" in wrong.message and "same" not in wrong.message.split("not yet")[1]
+    assert compressing_hooks.check_rng_prediction("same", same).status == RIGHT
+    assert compressing_hooks.check_rng_prediction("different", [[0.1], [0.3]]).status == RIGHT

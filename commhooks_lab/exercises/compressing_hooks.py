@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import Outcome, check_function, reference
+from . import NOT_ATTEMPTED, RIGHT, WRONG, Outcome, _say, check_function, check_prediction, reference
 
 # -- references -------------------------------------------------------------------------------------
 
@@ -156,12 +156,73 @@ def check_sign_ef_hook(attempt, cluster=None, steps: int = 6) -> Outcome:
     )
 
 
-def check_error_feedback_helps(with_ef, without_ef) -> Outcome:
-    """Error feedback makes the *summed* gradient more accurate over the run."""
-    a = with_ef.steps["cumulative_rel_error"].iloc[-1]
-    b = without_ef.steps["cumulative_rel_error"].iloc[-1]
-    if a < b:
-        return Outcome("right", f"✓ with error feedback the summed gradient is closer to exact ({a:.3f} < {b:.3f})")
-    return Outcome(
-        "wrong", f"✗ error feedback did not help ({a:.3f} >= {b:.3f}): is the residual added back before compressing?"
+HIGHER_OR_LOWER = ("higher", "lower")
+EF_METRICS = ("rel_error", "cumulative_rel_error")
+
+
+def _ef_answer(with_ef, without_ef) -> dict:
+    """With error feedback vs without: mean per-step rel_error and the last step's cumulative_rel_error."""
+    per_step = with_ef.steps["rel_error"].mean() > without_ef.steps["rel_error"].mean()
+    summed = with_ef.steps["cumulative_rel_error"].iloc[-1] > without_ef.steps["cumulative_rel_error"].iloc[-1]
+    return {"rel_error": HIGHER_OR_LOWER[not per_step], "cumulative_rel_error": HIGHER_OR_LOWER[not summed]}
+
+
+_EF_HINTS = {
+    "rel_error": "rel_error compares h_t with this step's exact mean g_t. With error feedback, h_t = C(g_t + e_(t-1)): "
+    "what does re-sending the old residual e_(t-1) do to the distance from g_t?",
+    "cumulative_rel_error": "cumulative_rel_error compares the sums over steps. Add up h_t = C(c_t) = c_t - e_t "
+    "with c_t = g_t + e_(t-1): which residuals are left in the sum? Without error feedback, where does what is "
+    "dropped go?",
+}
+
+
+def check_ef_prediction(prediction: Any, with_ef, without_ef) -> Outcome:
+    """A prediction {"rel_error": "higher"|"lower", "cumulative_rel_error": ...}: with error feedback vs without."""
+    answer = _ef_answer(with_ef, without_ef)
+    name = "ef_prediction"
+    if prediction is None:
+        return _say(
+            Outcome(
+                NOT_ATTEMPTED,
+                f"· {name}: no prediction made. Write one in the prediction cell, then compare it with the "
+                "measurement above.",
+                answer,
+            )
+        )
+    if not isinstance(prediction, dict) or set(prediction) != set(EF_METRICS):
+        return _say(
+            Outcome(
+                WRONG,
+                f"✗ {name}: write the prediction as a dict with the keys {list(EF_METRICS)}, each "
+                f"{' or '.join(repr(v) for v in HIGHER_OR_LOWER)}.",
+                answer,
+            )
+        )
+    bad = [m for m in EF_METRICS if prediction[m] not in HIGHER_OR_LOWER]
+    if bad:
+        got = prediction[bad[0]]
+        return _say(Outcome(WRONG, f"✗ {name}: {bad[0]} must be 'higher' or 'lower', got {got!r}.", answer))
+    wrong = [m for m in EF_METRICS if prediction[m] != answer[m]]
+    if wrong:
+        return _say(Outcome(WRONG, f"✗ {name}: not yet for {wrong[0]}. {_EF_HINTS[wrong[0]]}", answer))
+    return _say(
+        Outcome(
+            RIGHT,
+            f"✓ {name}: right. Each step's h_t carries old residuals, so it is further from g_t; summed over steps "
+            "only the last residual is missing (sum of h_t = sum of g_t - e_T), while without error feedback every "
+            "dropped entry is lost for good.",
+            answer,
+        )
+    )
+
+
+def check_rng_prediction(prediction: Any, draws: list) -> Outcome:
+    """A prediction, "same" or "different": do the ranks draw the same random numbers inside a hook?"""
+    same = all(d == draws[0] for d in draws)
+    return check_prediction(
+        "rng_prediction",
+        prediction,
+        "same" if same else "different",
+        "Look at how the worker seeds torch, and at which generator torch.rand uses when you pass none.",
+        "Every rank seeded torch's global generator with the same number, so every rank draws the same stream.",
     )
