@@ -1,0 +1,138 @@
+"""Notebook 1's exercises: two predictions about the comparison, and ``rel_error`` written by hand.
+
+The prediction checks compute their answers from the learner's own run (never a hard-coded
+number), so they stay right if the run changes. The ``rel_error`` check compares the learner's
+function with the reference on fixed inputs, and recognises the usual wrong formulas by value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import Outcome, check_function, check_prediction, reference
+
+# -- predictions ------------------------------------------------------------------------------------
+
+
+def check_bf16_over_fp16(prediction: Any, results) -> Outcome:
+    """bf16's mean ``rel_error`` over fp16's, to the nearest power of two (answer read from ``results``)."""
+    ratio = _summary(results, "bf16")["rel_error"] / _summary(results, "fp16")["rel_error"]
+    answer = 2 ** round(math.log2(ratio))
+    return check_prediction(
+        "bf16_over_fp16",
+        prediction,
+        answer,
+        "Both hooks round every value they send to a 16-bit format and nothing else differs: compare the two "
+        "formats' unit roundoff (GLOSSARY.md#unit-roundoff), which sets the size of one rounding error.",
+        f"Measured {ratio:.1f}: the ratio of the unit roundoffs, 2^-8 / 2^-11 = 8. Same bytes, same arithmetic, "
+        "so the error scales with the format's precision.",
+    )
+
+
+def check_powersgd_above_one(prediction: Any, results, name: str = "power_sgd r1") -> Outcome:
+    """Is PowerSGD r1's mean per-step ``rel_error`` above 1, the error of sending nothing (h = 0)?"""
+    value = _summary(results, name)["rel_error"]
+    return check_prediction(
+        "powersgd_above_one",
+        prediction,
+        bool(value > 1),
+        "PowerSGD here runs with error feedback (GLOSSARY.md#error-feedback): at step t it sends a compressed "
+        "version of g_t + e_(t-1), not of g_t. How far from this step's exact mean can that be?",
+        f"Mean per-step rel_error {value:.2f}: each step also carries last step's leftovers, so h_t is far from "
+        "this step's mean. What error feedback keeps small is the error of the sum over steps (below).",
+    )
+
+
+def _summary(results, name: str) -> dict:
+    return results.by_name(name).summary()
+
+
+# -- rel_error by hand -------------------------------------------------------------------------------
+
+
+@reference("rel_error")
+def rel_error(h: torch.Tensor, exact: torch.Tensor) -> float:
+    """||h - exact|| / ||exact|| in the 2-norm over all elements, in float64."""
+    h, exact = torch.as_tensor(h, dtype=torch.float64), torch.as_tensor(exact, dtype=torch.float64)
+    return ((h - exact).norm() / exact.norm()).item()
+
+
+def _test_pairs() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Fixed inputs on which the usual wrong formulas all give a different number from the right one."""
+    gen = torch.Generator().manual_seed(13)
+    exact = torch.randn(64, generator=gen, dtype=torch.float64)
+    exact[::8] = 0.0  # zeros, as in a real gradient (blank pixels, inactive units)
+    noisy = 1.3 * exact + 0.2 * torch.randn(64, generator=gen, dtype=torch.float64)
+    spiky = exact.clone()
+    spiky[5] += 3.0
+    return [(noisy, exact), (spiky, exact), (torch.zeros_like(exact), exact)]
+
+
+_WRONG_FORMULAS: list[tuple[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]] = [
+    (
+        "You divided by the norm of h; rel_error divides by the norm of the exact gradient, the one thing that is "
+        "known to be right (h may be far off).",
+        lambda h, e: (h - e).norm() / h.norm(),
+    ),
+    (
+        "Your value is the square of rel_error: a norm is the square root of the sum of squares.",
+        lambda h, e: ((h - e) ** 2).sum() / (e**2).sum(),
+    ),
+    (
+        "You averaged element-wise relative errors; rel_error is one ratio of two norms (element-wise ratios "
+        "blow up where the exact gradient is 0).",
+        lambda h, e: ((h - e).abs() / e.abs()).mean(),
+    ),
+    (
+        "You took the largest element-wise difference (the max-norm); rel_error uses the 2-norm of the whole "
+        "difference.",
+        lambda h, e: (h - e).abs().max() / e.abs().max(),
+    ),
+    (
+        "You used absolute values summed (the 1-norm); rel_error uses the 2-norm: sqrt of the sum of squares.",
+        lambda h, e: (h - e).abs().sum() / e.abs().sum(),
+    ),
+    (
+        "You did not divide: rel_error is relative to the size of the exact gradient, ||h - exact|| / ||exact||.",
+        lambda h, e: (h - e).norm(),
+    ),
+]
+
+
+def _same(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300)
+
+
+def _verify_rel_error(fn) -> str | None:
+    for h, exact in _test_pairs():
+        got = float(fn(h.clone(), exact.clone()))
+        if _same(got, rel_error(h, exact)):
+            continue
+        for hint, formula in _WRONG_FORMULAS:
+            if _same(got, float(formula(h, exact))):
+                return hint
+        return (
+            f"On a fixed test pair your function returns {got:.6g}, which is not ||h - exact|| / ||exact||: "
+            "subtract first, take the 2-norm of the difference, divide by the 2-norm of exact."
+        )
+    return None
+
+
+def check_rel_error(attempt) -> Outcome:
+    """``rel_error(h, exact) -> float`` on fixed inputs, against the reference."""
+    return check_function(
+        "rel_error",
+        attempt,
+        _verify_rel_error,
+        "The same number as the lab's definition on every test pair, including h = 0 (rel_error 1: "
+        "sending nothing).",
+    )
+
