@@ -1,3 +1,4 @@
+import os
 import time
 
 import psutil
@@ -28,6 +29,19 @@ def wait_gone(pids, timeout_s=5.0) -> set[int]:
         if alive:
             time.sleep(0.05)
     return alive
+
+
+def session_members(sid: int) -> set[int]:
+    """Live processes of the session ``sid`` (a command started with ``start_new_session=True``):
+    its children stay in the session even after it exits and they are reparented."""
+    pids = set()
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                pids.add(p.pid)
+        except (OSError, psutil.Error):
+            pass
+    return pids
 
 
 @pytest.fixture

@@ -1,12 +1,15 @@
 """Cluster: warm ranks between runs, clean restart after errors, nothing left behind."""
 
 import gc
+import ipaddress
+import os
 import subprocess
 import sys
 import textwrap
 import time
 
 import _workers
+import psutil
 import pytest
 from conftest import wait_gone
 
@@ -96,3 +99,19 @@ def test_a_warm_run_skips_the_start_up():
         warm = time.perf_counter() - start
     # Not a benchmark (bench/launch.py is): only that no process was started for this run.
     assert cluster.starts == 1 and warm < 1.0
+
+
+def _listening(pid: int) -> list:
+    return [c.laddr for c in psutil.Process(pid).net_connections("inet") if c.status == psutil.CONN_LISTEN]
+
+
+def test_nothing_listens_beyond_loopback_while_a_cluster_is_up():
+    with Cluster(world_size=2) as cluster:
+        cluster.run(_workers.rank_and_sum)  # the group has talked: gloo's sockets are all open
+        kernel = _listening(os.getpid())
+        ranks = [addr for pid in cluster.pids for addr in _listening(pid)]
+        store_port = cluster._store[0].port
+    assert store_port in [addr.port for addr in kernel]  # the rendezvous store is the kernel's
+    assert ranks  # gloo listens in every rank
+    off_loopback = [addr for addr in kernel + ranks if not ipaddress.ip_address(addr.ip).is_loopback]
+    assert not off_loopback, f"listening beyond 127.0.0.1: {off_loopback}"

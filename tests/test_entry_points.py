@@ -5,9 +5,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
+import time
 
 import nbformat
 import pytest
+from conftest import session_members, wait_gone
 from nbclient import NotebookClient
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
@@ -34,11 +37,14 @@ def test_a_function_defined_in_a_notebook_cell_runs_under_spawn(tmp_path):
     assert texts[4] == "WorkerError 0 rank 0 raised KeyError: 'from a cell'\n"
 
 
-def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run a command in its own session; on timeout end the whole session (torchrun's ranks too)."""
+def _run(cmd: list[str], timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:
+    """Run a command in its own session; on timeout end the whole session (torchrun's ranks too).
+
+    Afterwards nothing of the session may be left: its ranks, even reparented, must be gone.
+    """
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True, cwd=cwd
     )
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -46,6 +52,8 @@ def _run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         pytest.fail(f"{cmd} did not finish in {timeout} s\n{out}\n{err}")
+    left = wait_gone(session_members(proc.pid), timeout_s=5)
+    assert not left, f"{cmd} left processes behind: {sorted(left)}"
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
@@ -117,3 +125,26 @@ def test_main_job_runs_under_torchrun():
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("2 hooks, 2 ranks, 3 steps") == 1
     assert "fp16" in out.stdout
+
+
+UNGUARDED_SCRIPT = """
+    import commhooks_lab as lab
+
+    result = lab.run(hook="fp16", steps=3)
+    print(result.steps["rel_error"].max())
+"""
+
+
+def test_a_script_without_a_main_guard_is_told_the_two_line_fix(tmp_path):
+    script = tmp_path / "my_experiment.py"
+    script.write_text(textwrap.dedent(UNGUARDED_SCRIPT))
+    start = time.monotonic()
+    out = _run([sys.executable, str(script)], timeout=60, cwd=tmp_path)
+    elapsed = time.monotonic() - start
+    assert out.returncode == 1
+    assert "commhooks_lab.launcher.errors.WorkerError: rank 0 exited with code 1 while starting" in out.stderr
+    assert "every rank first imports the script you ran" in out.stderr
+    fix = 'if __name__ == "__main__":\n        result = lab.run(hook="fp16", steps=3)\n'
+    assert fix in out.stderr  # the user's own line, under the guard
+    assert "bootstrapping phase" in out.stderr  # Python's own words, from the rank's stderr
+    assert elapsed < 20, f"the error took {elapsed:.1f} s"  # interpreter start and imports included

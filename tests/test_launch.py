@@ -5,6 +5,7 @@ import signal
 import threading
 import time
 
+import _launcher_workers
 import _workers
 import psutil
 import pytest
@@ -141,3 +142,95 @@ def test_package_exports_the_launcher_api():
     assert commhooks_lab.launch is launch and callable(commhooks_lab.selfcheck)
     with pytest.raises(AttributeError):
         getattr(commhooks_lab, "no_such_thing")  # noqa: B009
+
+
+# -- deaths explained: what a rank wrote to stderr comes back with the error ----------------------
+
+
+@pytest.mark.parametrize("how, text", [("exit", "exited with code 7"), ("signal", "killed by signal SIGKILL (-9)")])
+def test_a_rank_that_dies_without_an_exception_brings_its_last_stderr_lines(how, text):
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        launch(_launcher_workers.write_to_stderr_then_die, 1, 30, how, world_size=2, timeout_s=60)
+    assert time.monotonic() - start < 10
+    err = info.value
+    assert err.rank == 1 and err.how == "died" and f"{text} while working" in str(err)
+    lines = err.stderr_tail.splitlines()
+    assert lines == [f"stderr line {i} from rank 1" for i in range(10, 30)]  # the last 20, in order
+    assert "--- last lines rank 1 wrote to stderr ---\nstderr line 10 from rank 1" in str(err)
+
+
+# -- reports from any thread -----------------------------------------------------------------------
+
+
+def test_reports_from_a_gloo_callback_thread_and_the_main_thread_never_interleave():
+    events: dict[int, list] = {0: [], 1: []}
+    n, size = 500, 20_000
+    main_threads = launch(
+        _launcher_workers.report_from_a_callback_and_the_main_thread,
+        n,
+        size,
+        world_size=2,
+        timeout_s=60,
+        on_event=lambda rank, event: events[rank].append(event),
+    )
+    blob = bytes(range(256)) * (size // 256)
+    for rank, got in events.items():
+        assert len(got) == 2 * n  # 1,000 per rank: none lost
+        assert all(e["blob"] == blob for e in got)  # none corrupted
+        for source in ("callback", "main"):
+            assert [e["i"] for e in got if e["source"] == source] == list(range(n))  # each thread's order kept
+        callback_threads = {e["thread"] for e in got if e["source"] == "callback"}
+        assert callback_threads and main_threads[rank] not in callback_threads  # really two threads
+
+
+# -- a rank that never joins a collective: progress while waiting, then the rank and the step ------
+
+
+@pytest.fixture
+def stall_every_second(monkeypatch):
+    from commhooks_lab.launcher import cluster
+
+    monkeypatch.setattr(cluster, "STALL_REPORT_S", 1.0)
+
+
+def test_a_rank_that_stops_before_a_step_is_named_with_the_step(stall_every_second, capsys):
+    start = time.monotonic()
+    with pytest.raises(WorkerTimeoutError) as info:
+        launch(_launcher_workers.stop_beating_on_rank, 1, 2, 5, world_size=2, timeout_s=4)
+    assert time.monotonic() - start < 4 + 10
+    err = info.value
+    assert (err.rank, err.step, err.how) == (1, 2, "timeout")
+    assert str(err).startswith("rank 1 never reached step 2: it last reported step 1, while rank 0 waited for it")
+    assert "also: rank 0 raised" in str(err)  # gloo's own timeout message, kept as a detail
+    progress = capsys.readouterr().err
+    assert "rank 1 has not reached step 2 for 1 s (rank 0 did, and waits)" in progress
+    assert "rank 1 has not reached step 2 for 2 s" in progress  # and again while it waits
+
+
+def test_a_rank_that_returns_early_is_named(stall_every_second, capsys):
+    with pytest.raises(WorkerTimeoutError) as info:
+        launch(_launcher_workers.return_early_on_rank, 0, 4, world_size=3, timeout_s=3)
+    err = info.value
+    assert (err.rank, err.step) == (0, 3)
+    assert "never reached step 3: it returned after step 2, while ranks [1, 2] waited for it" in str(err)
+    assert "rank 0 has not reached step 3" in capsys.readouterr().err
+
+
+def test_a_run_in_which_a_rank_never_joins_the_hooks_collective_names_it(stall_every_second, capsys):
+    from commhooks_lab import run
+
+    start = time.monotonic()
+    with pytest.raises(WorkerTimeoutError) as info:
+        run(hook=_launcher_workers.hang_on_rank_1_at_step_2, steps=5, timeout_s=4)
+    assert time.monotonic() - start < 4 + 15
+    err = info.value
+    assert (err.rank, err.step) == (1, 2)
+    assert "stopped answering in step 2 and never joined the collective that rank 0 waited in" in str(err)
+    assert "no rank has gone past step 2 for 1 s" in capsys.readouterr().err
+
+
+def test_heartbeats_extend_the_timeout_of_a_long_run():
+    # Eight steps of 0.5 s each: longer than timeout_s=2 in all, never silent for 2 s.
+    rows = launch(_launcher_workers.beat_slowly, 8, 0.5, world_size=2, timeout_s=2)
+    assert rows == [8, 8]

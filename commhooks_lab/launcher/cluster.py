@@ -411,8 +411,8 @@ class Cluster:
         summary = f"{_describe_exit(proc.exitcode)} while {phase}"
         explanation = explain_death(tail)
         if explanation:
-            summary += f": it {explanation}"
-        return RankFailure(rank, "died", summary, stderr_tail=tail)
+            summary += ", before it could run your code"
+        return RankFailure(rank, "died", summary, stderr_tail=tail, detail=explanation or "")
 
     def _hang(self, watch: StepWatch, silent: list[int], timeout_s: float, failures: list, *, watchdog: bool):
         """The error for ranks that stopped making progress (None if nothing points at a rank)."""

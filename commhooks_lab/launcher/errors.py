@@ -17,6 +17,7 @@ class RankFailure:
     traceback: str = ""
     stderr_tail: str = ""  # the last lines the rank wrote to stderr, for deaths without a traceback
     step: int | None = None  # for a hang: the step the other ranks waited at
+    detail: str = ""  # what it means and what to do, shown for the root cause only
 
 
 class WorkerError(RuntimeError):
@@ -31,6 +32,8 @@ class WorkerError(RuntimeError):
         self.stderr_tail = failure.stderr_tail
         self.others = list(others or [])
         text = f"rank {failure.rank} {failure.summary}"
+        if failure.detail:
+            text += f": {failure.detail}"
         if self.others:
             text += "\nalso: " + "; ".join(f"rank {o.rank} {o.summary}" for o in self.others)
         if failure.traceback:
@@ -49,15 +52,15 @@ _UNGUARDED_MAIN = "bootstrapping phase"
 
 
 def explain_death(stderr_tail: str) -> str | None:
-    """A sentence for a death whose cause the rank's stderr gives away, or None."""
+    """What a death means when the rank's stderr gives the cause away, and what to do; or None."""
     if _UNGUARDED_MAIN not in stderr_tail:
         return None
     call = _top_level_call_in_main() or "lab.run(...)  # or launch(...), compare(...), Cluster(...)"
     return (
-        "never got to run your code: your script starts ranks when it is imported. With the 'spawn' "
-        "start method every rank first imports the script you ran (as __mp_main__), so each rank ran "
-        "that call again and tried to start ranks of its own, which Python refuses. Put the call "
-        f'under a main guard:\n\n    if __name__ == "__main__":\n        {call}\n'
+        "your script starts ranks when it is imported. With the 'spawn' start method every rank "
+        "first imports the script you ran (as __mp_main__), so each rank ran that call again and tried "
+        "to start ranks of its own, which Python refuses. Put the call under a main guard:"
+        f'\n\n    if __name__ == "__main__":\n        {call}\n'
     )
 
 

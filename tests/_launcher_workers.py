@@ -1,0 +1,79 @@
+"""Worker functions and hooks for the launcher's failure tests (the ranks import them by name)."""
+
+import os
+import signal
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def write_to_stderr_then_die(ctx, bad_rank, lines, how):
+    """Write numbered lines straight to fd 2 (as C++ would), then die without a Python exception."""
+    if ctx.rank == bad_rank:
+        for i in range(lines):
+            os.write(2, f"stderr line {i} from rank {ctx.rank}\n".encode())
+        if how == "signal":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(7)
+    dist.barrier()
+    return ctx.rank
+
+
+def report_from_a_callback_and_the_main_thread(ctx, n, size):
+    """Report ``n`` events from a gloo callback thread while the main thread reports ``n`` more."""
+    blob = bytes(range(256)) * (size // 256)  # over 16 KiB: send_bytes writes header and body apart
+    in_callback = threading.Event()
+
+    def callback(fut):
+        in_callback.set()
+        for i in range(n):
+            ctx.report(source="callback", i=i, blob=blob, thread=threading.get_ident())
+        return fut.value()
+
+    done = dist.all_reduce(torch.ones(1), async_op=True).get_future().then(callback)
+    assert in_callback.wait(30), "the collective's callback never ran"
+    for i in range(n):
+        ctx.report(source="main", i=i, blob=blob, thread=threading.get_ident())
+    done.wait()
+    return threading.get_ident()
+
+
+def stop_beating_on_rank(ctx, bad_rank, stop_at, steps):
+    """A training loop with heartbeats in which one rank stops before reaching step ``stop_at``."""
+    for step in range(steps):
+        if ctx.rank == bad_rank and step == stop_at:
+            time.sleep(3600)
+        ctx.heartbeat(step)
+        dist.all_reduce(torch.ones(1))
+    return ctx.rank
+
+
+def return_early_on_rank(ctx, bad_rank, steps):
+    """One rank runs one step fewer than the others and returns: they wait for it in the last step."""
+    for step in range(steps - (ctx.rank == bad_rank)):
+        ctx.heartbeat(step)
+        dist.all_reduce(torch.ones(1))
+    return ctx.rank
+
+
+_calls = [0]
+
+
+def hang_on_rank_1_at_step_2(state, bucket):
+    """An allreduce hook in which rank 1 stops at its third call (step 2 of a one-bucket model)."""
+    if dist.get_rank() == 1 and _calls[0] == 2:
+        time.sleep(3600)
+    _calls[0] += 1
+    tensor = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(tensor, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def beat_slowly(ctx, steps, seconds):
+    """A run longer than its timeout that keeps sending heartbeats."""
+    for step in range(steps):
+        ctx.heartbeat(step)
+        time.sleep(seconds)
+        dist.all_reduce(torch.ones(1))
+    return steps
