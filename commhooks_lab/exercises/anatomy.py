@@ -83,6 +83,16 @@ class _OneParameter(torch.nn.Module):
         return self.weight * c
 
 
+def _recording(original, dtypes: list[str]):
+    """``original`` (dist.all_reduce), noting the dtype of every tensor handed to it."""
+
+    def all_reduce(tensor, *args, **kwargs):
+        dtypes.append(str(tensor.dtype).replace("torch.", ""))
+        return original(tensor, *args, **kwargs)
+
+    return all_reduce
+
+
 def run_hooks_on_cases(ctx, hooks: dict, cases: dict) -> dict:
     """On every rank: for each hook and case, one DDP backward whose local gradient is the case's row.
 
@@ -93,13 +103,8 @@ def run_hooks_on_cases(ctx, hooks: dict, cases: dict) -> dict:
     original = dist.all_reduce
     for name, hook in hooks.items():
         dtypes: list[str] = []
-
-        def recording(tensor, *args, **kwargs):
-            dtypes.append(str(tensor.dtype).replace("torch.", ""))
-            return original(tensor, *args, **kwargs)
-
         grads, error = {}, None
-        dist.all_reduce = recording
+        dist.all_reduce = _recording(original, dtypes)
         try:
             for case, rows in cases.items():
                 c = torch.tensor(rows[ctx.rank % len(rows)], dtype=torch.float32)
@@ -107,6 +112,7 @@ def run_hooks_on_cases(ctx, hooks: dict, cases: dict) -> dict:
                 ddp = DDP(model)
                 ddp.register_comm_hook(None, hook)
                 ddp(c).sum().backward()
+                assert model.weight.grad is not None
                 grads[case] = model.weight.grad.clone()
         except Exception as exc:  # the learner's hook raised: report it, keep the ranks alive
             error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"

@@ -126,8 +126,7 @@ _MISTAKES: list[tuple[str, Callable[[list[torch.Tensor], torch.dtype], torch.Ten
     ),
     ("Your result is W times the mean: divide each rank's part by W.", _no_divide),
     (
-        "You summed in float32. The all-reduce adds 16-bit tensors, so each addition rounds to the 16-bit "
-        "format too.",
+        "You summed in float32. The all-reduce adds 16-bit tensors, so each addition rounds to the 16-bit format too.",
         _sum_in_float32,
     ),
 ]

@@ -132,7 +132,5 @@ def check_rel_error(attempt) -> Outcome:
         "rel_error",
         attempt,
         _verify_rel_error,
-        "The same number as the lab's definition on every test pair, including h = 0 (rel_error 1: "
-        "sending nothing).",
+        "The same number as the lab's definition on every test pair, including h = 0 (rel_error 1: sending nothing).",
     )
-
