@@ -2,7 +2,10 @@
 
 Every variant runs the same job (an MLP 784-256-10 in DDP, ``--steps`` SGD steps on seeded
 random data) on 2 and 4 ranks; variants are interleaved so that machine noise hits all alike.
-Prints medians and the ratio to bare ``torch.multiprocessing.spawn``.
+Prints medians and the ratio to bare ``torch.multiprocessing.spawn``, and how reliable each
+variant was: a bare gloo job now and then aborts at teardown ("terminate called without an
+active exception", SIGABRT) after its work is done, which fails the whole ``spawn`` call. Such
+runs are counted, not timed; the lab survives the same crash and reports it as a note.
 
     python bench/launch.py [--repeats 5] [--steps 10] [--world-sizes 2 4]
 """
@@ -10,11 +13,13 @@ Prints medians and the ratio to bare ``torch.multiprocessing.spawn``.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
 import statistics
 import sys
 import time
+from collections import Counter
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # every variant's ranks see the same threads
 os.environ.setdefault("MKL_NUM_THREADS", "1")
@@ -66,10 +71,50 @@ def _accelerate_job(steps):
     ddp_steps(steps)
 
 
-def timed(fn) -> float:
+SURVIVED = "rank crash at teardown, reported as a note"
+
+
+class _TeardownNotes(logging.Handler):
+    """Counts the lab's notes about ranks that crashed at teardown after delivering their results."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "during teardown" in record.getMessage():
+            self.count += 1
+
+
+def _failure(exc: BaseException) -> str:
+    """A short name for how an attempt failed (a rank's signal or exit code, or the exception type)."""
+    signal_name = getattr(exc, "signal_name", None)
+    if signal_name:
+        return f"{signal_name}"
+    code = getattr(exc, "exit_code", None)
+    if code is not None:
+        return f"exit code {code}"
+    return type(exc).__name__
+
+
+def attempt(fn, notes: _TeardownNotes) -> tuple[float | None, str | None]:
+    """Time one run; a run that fails gives no time, only how it failed."""
+    before = notes.count
     start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    try:
+        fn()
+    except Exception as exc:
+        return None, _failure(exc)
+    elapsed = time.perf_counter() - start
+    return elapsed, (SURVIVED if notes.count > before else None)
+
+
+def _reliability(outcomes: list[str | None], runs: int) -> str:
+    """'4/5 ok; 1 SIGABRT': runs that delivered their results, then how the others ended."""
+    counts = Counter(o for o in outcomes if o is not None)
+    failed = sum(n for why, n in counts.items() if why != SURVIVED)
+    text = f"{runs - failed}/{runs} ok"
+    return text + "".join(f"; {n} {why}" for why, n in counts.items())
 
 
 def main() -> None:
@@ -83,6 +128,11 @@ def main() -> None:
         from accelerate import debug_launcher
     except ImportError:
         debug_launcher = None
+    notes = _TeardownNotes()
+    lab_log = logging.getLogger("commhooks_lab")
+    lab_log.addHandler(notes)
+    lab_log.setLevel(logging.INFO)
+    lab_log.propagate = False  # count the notes, do not print them between the timings
 
     rows = []
     for world_size in args.world_sizes:
@@ -101,27 +151,40 @@ def main() -> None:
             variants["accelerate.debug_launcher (fork)"] = lambda w=world_size: debug_launcher(
                 _accelerate_job, args=(args.steps,), num_processes=w
             )
-        times = {name: [] for name in variants}
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        outcomes: dict[str, list[str | None]] = {name: [] for name in variants}
         for _ in range(args.repeats):
             for name, fn in variants.items():
-                times[name].append(timed(fn))
+                elapsed, outcome = attempt(fn, notes)
+                outcomes[name].append(outcome)
+                if elapsed is not None:
+                    times[name].append(elapsed)
+        warm = f"Cluster.run, warm, {args.warm_steps} steps"
         with commhooks_lab.Cluster(world_size=world_size) as cluster:
             cluster.run(lab_job, 1)  # the cluster is warm: started, imports done
-            times[f"Cluster.run, warm, {args.warm_steps} steps"] = [
-                timed(lambda: cluster.run(lab_job, args.warm_steps)) for _ in range(args.repeats)
-            ]
-        base = statistics.median(times["torch.multiprocessing.spawn (bare)"])
+            runs = [attempt(lambda: cluster.run(lab_job, args.warm_steps), notes) for _ in range(args.repeats)]
+        times[warm] = [t for t, _ in runs if t is not None]
+        outcomes[warm] = [o for _, o in runs]
+        bare = times["torch.multiprocessing.spawn (bare)"]
+        base = statistics.median(bare) if bare else None
         for name, samples in times.items():
-            median = statistics.median(samples)
-            rows.append((world_size, name, median, min(samples), median / base))
+            median = statistics.median(samples) if samples else None
+            ratio = median / base if median is not None and base else None
+            fastest = min(samples) if samples else None
+            rows.append((world_size, name, median, fastest, ratio, _reliability(outcomes[name], args.repeats)))
 
     print(
         f"\nlaunch cost, {args.repeats} runs each, {args.steps} DDP steps per cold run "
-        f"(torch {torch.__version__}, {os.cpu_count()} cores)\n"
+        f"(torch {torch.__version__}, {os.cpu_count()} cores); failed runs are not timed\n"
     )
-    print(f"{'ranks':>5}  {'variant':<40} {'median s':>9} {'min s':>7} {'x bare spawn':>13}")
-    for world_size, name, median, fastest, ratio in rows:
-        print(f"{world_size:>5}  {name:<40} {median:>9.3f} {fastest:>7.3f} {ratio:>13.2f}")
+    print(f"{'ranks':>5}  {'variant':<40} {'median s':>9} {'min s':>7} {'x bare spawn':>13}  reliability")
+
+    def cell(value: float | None, width: int, digits: int) -> str:
+        return f"{value:>{width}.{digits}f}" if value is not None else f"{'-':>{width}}"
+
+    for world_size, name, median, fastest, ratio, reliability in rows:
+        timing = f"{cell(median, 9, 3)} {cell(fastest, 7, 3)} {cell(ratio, 13, 2)}"
+        print(f"{world_size:>5}  {name:<40} {timing}  {reliability}")
 
 
 if __name__ == "__main__":
