@@ -37,7 +37,7 @@ def test_the_curriculum_is_all_there():
 def test_nbval_runs_every_notebook_in_the_test_command():
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     assert "notebooks" in options["testpaths"] and "--nbval " in options["addopts"] + " "
-    assert "--nbval-sanitize-with tests/nbval_sanitize.cfg" in options["addopts"]
+    assert "--nbval-sanitize-with commhooks_lab/nbval_sanitize.cfg" in options["addopts"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
