@@ -127,6 +127,47 @@ def registration_refusal(ddp_model, hook: Callable) -> str | None:
     return None
 
 
+class _StandInDDP:
+    """Just enough of a DistributedDataParallel for its ``_check_comm_hook`` (which only logs and raises)."""
+
+    def _log_and_throw(self, err_type, err_msg):
+        raise err_type(err_msg)
+
+
+def comm_hook_check_error(hook: Callable) -> Exception | None:
+    """What DDP's own ``register_comm_hook`` check raises for ``hook``, before any process starts; or None.
+
+    Calls the private ``DistributedDataParallel._check_comm_hook`` unbound, with a stand-in
+    ``self`` whose ``_log_and_throw`` raises, so no model or process group is needed.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    check = getattr(DDP, "_check_comm_hook", None)
+    if check is None:
+        raise upstream_changed(
+            "DistributedDataParallel._check_comm_hook is gone", "update commhooks_lab._compat.comm_hook_check_error"
+        )
+    try:
+        check(_StandInDDP(), hook)
+    except Exception as exc:
+        return exc
+    return None
+
+
+def future_type() -> type:
+    """The class every future a hook may return derives from: ``Work.get_future()`` and ``.then()`` give
+    ``torch._C.Future`` (private), which the public ``torch.futures.Future`` only subclasses."""
+    import torch
+
+    base = getattr(torch._C, "Future", None)
+    if not isinstance(base, type) or not issubclass(torch.futures.Future, base):
+        raise upstream_changed(
+            "torch._C.Future is gone or no longer the base of torch.futures.Future",
+            "update commhooks_lab._compat.future_type",
+        )
+    return base
+
+
 @contextlib.contextmanager
 def intercept_comm_hook_registration(on_register: Callable):
     """While active, ``DDP.register_comm_hook(state, hook)`` calls ``on_register(ddp, state, hook, register)``.
@@ -175,6 +216,8 @@ TOUCHES = (
     ("orthogonalize_rejects_matrices", "torch...powerSGD_hook._orthogonalize (private)"),
     ("patch_batched_orthogonalize", "replaces powerSGD_hook._orthogonalize in the rank (private)"),
     ("registration_refusal", "DistributedDataParallel._check_comm_hook (private)"),
+    ("comm_hook_check_error", "DistributedDataParallel._check_comm_hook called unbound (private)"),
+    ("future_type", "torch._C.Future, the base of every hook future (private)"),
     ("intercept_comm_hook_registration", "DistributedDataParallel.register_comm_hook replaced during prepare"),
     ("reset_accelerate_state", "AcceleratorState._reset_state, GradientState._reset_state (private)"),
 )

@@ -5,7 +5,12 @@ scales, bits) and back. It says how payloads meet: ``summable`` payloads (the sa
 every rank) are all-reduced, the rest are all-gathered and decoded rank by rank. ``as_hook``
 turns any compressor into a DDP communication hook, and :class:`ErrorFeedback` wraps any
 compressor with a per-parameter memory of what it failed to send (Seide et al. 2014;
-Karimireddy et al. 2019), so every compressor can be compared with and without it.
+Karimireddy et al. 2019), so every compressor can be compared with and without it. That
+memory lives in the hook state (:class:`CompressorState`), as PyTorch's ``PowerSGDState``
+keeps its error dict: compressor objects stay stateless, so one object can serve many runs.
+
+Device-agnostic: every tensor a compressor makes (random draws included) lives on the
+gradient's device, so the same code runs on gloo/CPU and NCCL/GPU.
 
 The payload is what is really sent: indices, scales and packed bits count; all-gathered
 copies show in ``ring_bytes`` ((W-1) x payload per rank).
@@ -20,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .contract import completed_future
+
 
 @dataclass(frozen=True)
 class Where:
@@ -30,20 +37,28 @@ class Where:
     rank: int
     seed: int = 0
 
-    def generator(self, shared: bool) -> torch.Generator:
-        """``shared``: the same stream on every rank (random-k's indices); else per rank (dithering)."""
+    def generator(self, shared: bool, device: torch.device | str = "cpu") -> torch.Generator:
+        """``shared``: the same stream on every rank (random-k's indices); else per rank (dithering).
+
+        On ``device``, so draws happen where the gradient lives (the same numbers on every rank of
+        one device type; CPU and CUDA generators give different streams).
+        """
         rank = 0 if shared else self.rank + 1
-        return torch.Generator().manual_seed(hash((self.seed, self.step, self.key, rank)) % (2**63))
+        return torch.Generator(device=device).manual_seed(hash((self.seed, self.step, self.key, rank)) % (2**63))
 
 
 class Compressor:
-    """encode(x) -> payload tensors; decode(payload) -> a tensor shaped like x."""
+    """encode(x) -> payload tensors; decode(payload) -> a tensor shaped like x. Stateless."""
 
     name = "identity"
     summable = False  # can payloads from different ranks be summed element-wise?
 
     def encode(self, x: torch.Tensor, where: Where) -> list[torch.Tensor]:
         return [x.clone()]
+
+    def compress(self, x: torch.Tensor, where: Where, memory: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+        """What the hook calls: ``encode``, plus any memory the compressor keeps in the hook state's ``memory``."""
+        return self.encode(x, where)
 
     def decode(self, payload: list[torch.Tensor], like: torch.Tensor, where: Where) -> torch.Tensor:
         return payload[0].view_as(like)
@@ -57,7 +72,7 @@ def _k(numel: int, ratio: float) -> int:
 
 
 def _scatter(values: torch.Tensor, indices: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(like.numel(), dtype=like.dtype)
+    out = torch.zeros(like.numel(), dtype=like.dtype, device=like.device)
     out[indices.long()] = values
     return out.view_as(like)
 
@@ -90,27 +105,30 @@ class RandomK(Compressor):
             raise ValueError(f"RandomK ratio must be in (0, 1], got {ratio}")
         self.ratio, self.name = ratio, f"randomk {ratio:.0%}"
 
-    def _indices(self, numel, where):
-        return torch.randperm(numel, generator=where.generator(shared=True))[: _k(numel, self.ratio)]
+    def _indices(self, numel, where, device):
+        generator = where.generator(shared=True, device=device)
+        return torch.randperm(numel, generator=generator, device=device)[: _k(numel, self.ratio)]
 
     def encode(self, x, where):
-        return [x.reshape(-1)[self._indices(x.numel(), where)].clone()]
+        return [x.reshape(-1)[self._indices(x.numel(), where, x.device)].clone()]
 
     def decode(self, payload, like, where):
-        return _scatter(payload[0], self._indices(like.numel(), where), like)
+        return _scatter(payload[0], self._indices(like.numel(), where, like.device), like)
+
+
+def _bit_weights(device: torch.device) -> torch.Tensor:
+    return torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8, device=device)
 
 
 def pack_signs(x: torch.Tensor) -> torch.Tensor:
     """One bit per entry (1 for x >= 0), eight to a byte."""
     bits = (x.reshape(-1) >= 0).to(torch.uint8)
     bits = torch.cat([bits, bits.new_zeros(-len(bits) % 8)]).view(-1, 8)
-    weights = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
-    return (bits * weights).sum(dim=1, dtype=torch.uint8)
+    return (bits * _bit_weights(x.device)).sum(dim=1, dtype=torch.uint8)
 
 
 def unpack_signs(packed: torch.Tensor, numel: int) -> torch.Tensor:
-    weights = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
-    bits = (packed.view(-1, 1) & weights).ne(0).view(-1)[:numel]
+    bits = (packed.view(-1, 1) & _bit_weights(packed.device)).ne(0).view(-1)[:numel]
     return bits.to(torch.float32) * 2 - 1
 
 
@@ -137,10 +155,11 @@ class QSGD(Compressor):
     def encode(self, x, where):
         norm = x.norm()
         if norm == 0:
-            return [torch.zeros(x.numel(), dtype=torch.int8), norm.reshape(1)]
+            return [torch.zeros(x.numel(), dtype=torch.int8, device=x.device), norm.reshape(1)]
         scaled = x.reshape(-1).abs() / norm * self.levels
         lower = scaled.floor()
-        up = torch.rand(scaled.shape, generator=where.generator(shared=False)) < (scaled - lower)
+        draw = torch.rand(scaled.shape, generator=where.generator(shared=False, device=x.device), device=x.device)
+        up = draw < (scaled - lower)
         level = (lower + up).to(torch.int8) * x.reshape(-1).sign().to(torch.int8)
         return [level, norm.reshape(1)]
 
@@ -157,8 +176,9 @@ class TernGrad(Compressor):
         flat = x.reshape(-1)
         scale = flat.abs().max()
         if scale == 0:
-            return [torch.zeros(flat.numel(), dtype=torch.int8), scale.reshape(1)]
-        keep = torch.rand(flat.shape, generator=where.generator(shared=False)) < flat.abs() / scale
+            return [torch.zeros(flat.numel(), dtype=torch.int8, device=x.device), scale.reshape(1)]
+        draw = torch.rand(flat.shape, generator=where.generator(shared=False, device=x.device), device=x.device)
+        keep = draw < flat.abs() / scale
         return [(flat.sign() * keep).to(torch.int8), scale.reshape(1)]
 
     def decode(self, payload, like, where):
@@ -188,19 +208,27 @@ class ErrorFeedback(Compressor):
     """Remember, per parameter, what the compressor did not send, and add it to the next gradient.
 
     residual_t = (x_t + residual_{t-1}) - decode(encode(x_t + residual_{t-1}))
+
+    The residuals live in the ``memory`` the hook state hands to :meth:`compress` (one dict per
+    run, keyed by parameter), never on this object: reusing it starts every run from zero.
     """
 
     def __init__(self, inner: Compressor):
         self.inner = inner
         self.name = f"{inner.name} + EF"
         self.summable = inner.summable
-        self.residuals: dict[int, torch.Tensor] = {}
+
+    def compress(self, x, where, memory):
+        corrected = x + memory[where.key] if where.key in memory else x.clone()
+        payload = self.inner.encode(corrected, where)
+        memory[where.key] = corrected - self.inner.decode(payload, corrected, where)
+        return payload
 
     def encode(self, x, where):
-        corrected = x + self.residuals[where.key] if where.key in self.residuals else x.clone()
-        payload = self.inner.encode(corrected, where)
-        self.residuals[where.key] = corrected - self.inner.decode(payload, corrected, where)
-        return payload
+        raise TypeError(
+            "ErrorFeedback keeps its residuals in the hook state: call compress(x, where, memory) with a "
+            "dict that lives as long as the run (CompressorState.memory), or encode with the inner compressor"
+        )
 
     def decode(self, payload, like, where):
         return self.inner.decode(payload, like, where)
@@ -211,13 +239,18 @@ class ErrorFeedback(Compressor):
 
 @dataclass
 class CompressorState:
-    """A compressor's hook state: the compressor (with any memory) and the step count."""
+    """A compressor's hook state: the compressor, the step count, and the run's memory.
+
+    ``memory``: what error feedback remembers per parameter (as ``PowerSGDState.error_dict``),
+    so a compressor object can be reused across runs without carrying one run into the next.
+    """
 
     compressor: Compressor
     process_group: Any = None
     seed: int = 0
     step: int = 0
     keys: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
 
 
 def make_state(compressor: Compressor):
@@ -260,7 +293,7 @@ def compressor_hook(state: CompressorState, bucket):
     for param in bucket.parameters():
         key = state.keys.setdefault(id(param), len(state.keys))
         wheres.append(Where(key, state.step, rank, state.seed))
-    payloads = [compressor.encode(g, where) for g, where in zip(grads, wheres)]
+    payloads = [compressor.compress(g, where, state.memory) for g, where in zip(grads, wheres)]
     flat_payload = [t for payload in payloads for t in payload]
     packed = _by_dtype(flat_payload)
     if compressor.summable:
@@ -283,9 +316,7 @@ def compressor_hook(state: CompressorState, bucket):
         g.copy_(mean)
     if bucket.is_last():
         state.step += 1
-    done: torch.futures.Future = torch.futures.Future()
-    done.set_result(bucket.buffer())
-    return done
+    return completed_future(bucket.buffer())
 
 
 def _decode_all(compressor, flat_payload, payloads, grads, wheres):

@@ -79,8 +79,8 @@ def setup_torch_ddp(ctx, config: ExperimentConfig, task, probe: Probe, choice: H
     ddp = DDP(task.model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)
     hook, state = build_hook(choice)
     refusal = _compat.registration_refusal(ddp, hook) if hook is not None else None
-    notes = hook_notes(config, choice, hook, refusal)
+    probe.notes.extend(hook_notes(config, choice, hook, refusal))  # the probe adds its own as it measures
     register_probed(ddp, probe, hook, state, ctx, config)
     optimizer = make_optimizer(config.optimizer, ddp.parameters(), config.lr)
     data = rank_batches(task.train, ctx.rank, ctx.world_size, config.batch_size, config.seed)
-    return Setup(ddp, optimizer, state, notes, torch.Tensor.backward, data)
+    return Setup(ddp, optimizer, state, probe.notes, torch.Tensor.backward, data)

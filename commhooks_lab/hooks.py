@@ -8,11 +8,12 @@ What the names mean lives in :mod:`commhooks_lab.registry`. A hook of your own i
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import registry
+from . import _compat, registry
 from ._imports import import_object
 from .registry import HookEntry
 
@@ -24,7 +25,8 @@ def _normalize(value: Any) -> Any:
 
 
 def resolve_user_hook(hook: Any) -> Callable:
-    """A callable, or ``"module:function"`` imported now so a typo fails before any process starts."""
+    """A callable, or ``"module:function"`` imported now; checked as DDP will check it, so that a
+    mistake fails here, before any process starts, and not in every rank."""
     if isinstance(hook, str) and ":" in hook:
         hook = import_object(hook, "hook")
     if not callable(hook):
@@ -32,15 +34,45 @@ def resolve_user_hook(hook: Any) -> Callable:
             f"hook must be one of {registry.hook_names()}, a callable hook(state, bucket) or "
             f"'module:function'; got {hook!r}"
         )
+    name = getattr(hook, "__name__", repr(hook))
     try:
-        params = list(inspect.signature(hook).parameters)
+        signature = inspect.signature(hook)
     except (TypeError, ValueError):
-        return hook
+        return hook  # a builtin without a signature: DDP cannot check it either
+    params = list(signature.parameters)
     if len(params) != 2:
+        raise ValueError(f"a communication hook takes exactly (state, bucket); {name} takes {params}")
+    if params[1] != "bucket":
         raise ValueError(
-            f"a communication hook takes exactly (state, bucket); {getattr(hook, '__name__', hook)} takes {params}"
+            f"the second parameter of {name} is named {params[1]!r}; DDP looks the hook's parameter up by "
+            f"the name 'bucket' (otherwise every rank fails with a bare KeyError: 'bucket'). Write "
+            f"def {name}({params[0]}, bucket)."
         )
+    returns = signature.return_annotation
+    if isinstance(returns, str):
+        raise ValueError(
+            f"{name} is annotated to return the string {returns!r} (postponed annotations, as with "
+            "`from __future__ import annotations`); DDP compares the annotation object with "
+            "torch.futures.Future[torch.Tensor] and refuses a string. Drop the return annotation."
+        )
+    if returns is not inspect.Signature.empty and not _is_future_annotation(returns):
+        raise ValueError(
+            f"{name} is annotated to return {returns!r}; a communication hook returns a "
+            "torch.futures.Future[torch.Tensor] (drop the annotation or write -> torch.futures.Future[torch.Tensor])"
+        )
+    error = _compat.comm_hook_check_error(hook)
+    if error is not None and not isinstance(error, TypeError):  # TypeError: bf16 by name, measured anyway
+        raise ValueError(
+            f"DDP's own check refuses {name} at register_comm_hook: {type(error).__name__}: {error}"
+        ) from error
     return hook
+
+
+def _is_future_annotation(annotation: Any) -> bool:
+    import torch
+
+    origin = typing.get_origin(annotation) or annotation
+    return isinstance(origin, type) and issubclass(origin, torch.futures.Future)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ VERSIONS = _compat.versions()
 def test_every_touch_is_listed_and_exists():
     names = [name for name, _ in _compat.TOUCHES]
     assert all(callable(getattr(_compat, n)) for n in names)
-    assert len(names) == 6
+    assert len(names) == 8
 
 
 def test_power_sgd_defaults_come_from_the_signature():
@@ -66,6 +66,33 @@ def test_registration_refusal_names_the_bf16_refusal_on_this_build():
         pytest.skip("a CUDA build with NCCL accepts bf16 hooks")
     assert refusal and refusal.startswith("TypeError: BF16 all reduce communication hook required CUDA 11+")
     assert _compat.registration_refusal(FakeDDP(), default_hooks.fp16_compress_hook) is None
+
+
+def test_ddp_hook_check_runs_unbound_on_a_stand_in():
+    """DDP's _check_comm_hook needs only _log_and_throw from self: the lab calls it before any process starts."""
+    import torch.distributed as dist
+
+    def annotated(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        raise AssertionError("never called")
+
+    def wrong_return(state, bucket) -> torch.futures.Future:
+        raise AssertionError("never called")
+
+    def misnamed(state, b):
+        raise AssertionError("never called")
+
+    assert _compat.comm_hook_check_error(annotated) is None, VERSIONS
+    error = _compat.comm_hook_check_error(wrong_return)
+    assert isinstance(error, ValueError) and "return annotation should be" in str(error), VERSIONS
+    assert isinstance(_compat.comm_hook_check_error(misnamed), KeyError), f"{VERSIONS}: DDP no longer looks up 'bucket'"
+
+
+def test_every_hook_future_derives_from_the_private_future_type():
+    """``.then()`` (and Work.get_future()) give torch._C.Future, which torch.futures.Future only subclasses."""
+    base = _compat.future_type()
+    assert issubclass(torch.futures.Future, base), VERSIONS
+    chained = torch.futures.Future().then(lambda f: f.value())
+    assert isinstance(chained, base) and not isinstance(chained, torch.futures.Future), VERSIONS
 
 
 def test_a_missing_private_name_says_which_versions():

@@ -78,14 +78,29 @@ def test_int8_per_channel_error_is_within_half_a_step():
 
 
 def test_error_feedback_residual_is_input_minus_what_was_sent():
-    ef = ErrorFeedback(TopK(0.1))
+    ef, memory = ErrorFeedback(TopK(0.1)), {}
     x1, x2 = torch.randn(100), torch.randn(100)
-    sent1 = ef.decode(ef.encode(x1, where(step=0)), x1, where(step=0))
-    assert torch.equal(ef.residuals[0], x1 - sent1)
-    corrected = x2 + ef.residuals[0]
-    sent2 = ef.decode(ef.encode(x2, where(step=1)), x2, where(step=1))
+    sent1 = ef.decode(ef.compress(x1, where(step=0), memory), x1, where(step=0))
+    assert torch.equal(memory[0], x1 - sent1)
+    corrected = x2 + memory[0]
+    sent2 = ef.decode(ef.compress(x2, where(step=1), memory), x2, where(step=1))
     assert torch.equal(sent2, TopK(0.1).decode(TopK(0.1).encode(corrected, where(step=1)), x2, where(step=1)))
-    assert torch.equal(ef.residuals[0], corrected - sent2)
+    assert torch.equal(memory[0], corrected - sent2)
+
+
+def test_error_feedback_keeps_no_state_on_the_compressor_object():
+    """The memory is the hook state's: one object, two runs, two fresh starts (as PowerSGDState's error_dict)."""
+    ef = ErrorFeedback(TopK(0.1))
+    x = torch.randn(100, generator=torch.Generator().manual_seed(4))
+    first, second = {}, {}
+    payload_a = ef.compress(x, where(), first)
+    payload_b = ef.compress(x, where(), second)  # a second run with the same object starts from zero
+    assert all(torch.equal(a, b) for a, b in zip(payload_a, payload_b))
+    assert vars(ef).keys() == {"inner", "name", "summable"}
+    with pytest.raises(TypeError, match="keeps its residuals in the hook state"):
+        ef.encode(x, where())
+    states = [lab.compressors.make_state(ef)(None) for _ in range(2)]
+    assert states[0].memory is not states[1].memory and states[0].compressor is ef
 
 
 def analytic_payload(compressor, model="mlp") -> int:
