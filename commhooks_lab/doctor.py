@@ -1,0 +1,262 @@
+"""``python -m commhooks_lab doctor``: find the laptop that will fail before the workshop starts.
+
+Each check returns what it saw, pass or fail, and what to do about a failure. The table is
+plain text so an instructor can collect it from a room of laptops; the exit code is non-zero
+when any check fails.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+PASS, FAIL, INFO = "pass", "FAIL", "info"
+MIN_PYTHON = (3, 10)
+MIN_MEMORY_GIB = 4.0
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # PASS | FAIL | INFO
+    seen: str
+    advice: str = ""
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_python() -> Check:
+    seen = platform.python_version()
+    ok = sys.version_info[:2] >= MIN_PYTHON
+    return Check(
+        "python",
+        PASS if ok else FAIL,
+        seen,
+        "" if ok else f"install Python >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]} and recreate the venv",
+    )
+
+
+def check_torch() -> Check:
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as exc:
+        return Check(
+            "torch",
+            FAIL,
+            f"not importable ({exc})",
+            "pip install -c constraints.txt -e '.[test,accelerate]' (torch==2.13.0 is the CPU build here)",
+        )
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
+    if not dist.is_available() or not dist.is_gloo_available():
+        return Check(
+            "torch",
+            FAIL,
+            f"{torch.__version__} ({build}) without gloo",
+            "install a torch build with torch.distributed (the official wheels have it)",
+        )
+    return Check("torch", PASS, f"{torch.__version__} ({build})")
+
+
+def check_accelerator() -> Check:
+    """GPUs are optional: the lab runs on CPU. Say what a bf16 hook will meet here."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return Check(
+            "GPU / NCCL",
+            INFO,
+            "no CUDA device: ranks run on CPU with gloo; DDP refuses the bf16 hooks "
+            "by name here, and the lab measures their arithmetic anyway",
+        )
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "?"
+    return Check("GPU / NCCL", INFO, f"{torch.cuda.device_count()} CUDA device(s), NCCL {nccl}")
+
+
+def _memory_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def check_machine() -> Check:
+    cores, memory = os.cpu_count() or 1, _memory_gib()
+    seen = f"{cores} cores, {memory:.1f} GiB"
+    if memory < MIN_MEMORY_GIB:
+        return Check(
+            "cores / memory",
+            FAIL,
+            seen,
+            f"each rank imports torch (~0.5 GiB): close other programs or use a machine with >= {MIN_MEMORY_GIB:g} GiB",
+        )
+    return Check("cores / memory", PASS, seen, "" if cores >= 2 else "one core: runs work, but slowly")
+
+
+def check_loopback() -> Check:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
+        store.set("doctor", "ok")
+        ok = store.get("doctor") == b"ok"
+    except Exception as exc:
+        return Check(
+            "loopback rendezvous",
+            FAIL,
+            f"{type(exc).__name__}: {exc}",
+            "allow connections to 127.0.0.1 (a firewall or VPN client may block loopback ports)",
+        )
+    return Check("loopback rendezvous", PASS if ok else FAIL, "TCPStore on 127.0.0.1 answers" if ok else "no answer")
+
+
+def _child() -> None:  # a module-level function: spawn and forkserver must import it
+    pass
+
+
+def check_start_method(method: str) -> Check:
+    name = f"start method {method}"
+    if method not in multiprocessing.get_all_start_methods():
+        return Check(
+            name,
+            FAIL if method == "spawn" else INFO,
+            "not offered by this platform",
+            "spawn is what the lab uses" if method == "spawn" else "",
+        )
+    try:
+        context: Any = multiprocessing.get_context(method)
+        process = context.Process(target=_child)
+        process.start()
+        process.join(30)
+        ok = process.exitcode == 0
+    except Exception as exc:
+        return Check(
+            name,
+            FAIL,
+            f"{type(exc).__name__}: {exc}",
+            f"processes cannot be started with {method!r}: check ulimit -u, security software, or "
+            "run from a terminal rather than an IDE's restricted console",
+        )
+    return Check(
+        name,
+        PASS if ok else FAIL,
+        "starts a process" if ok else f"child exited with {process.exitcode}",
+        ""
+        if ok
+        else f"processes started with {method!r} die at once: run the selfcheck in a terminal to see their error",
+    )
+
+
+def check_gloo_allreduce() -> Check:
+    from .launcher import WorkerError, selfcheck
+
+    try:
+        report = selfcheck(world_size=2, timeout_s=60)
+    except (WorkerError, ValueError, OSError) as exc:
+        return Check(
+            "2-rank gloo all-reduce",
+            FAIL,
+            str(exc).splitlines()[0],
+            "run `python -m commhooks_lab selfcheck` for the full error; GLOO_SOCKET_IFNAME=lo often fixes "
+            "hostnames that resolve off the machine",
+        )
+    seen = f"ranks hold {report['sums']}, expected {report['expected']:g}"
+    return Check(
+        "2-rank gloo all-reduce",
+        PASS if report["ok"] else FAIL,
+        seen,
+        "" if report["ok"] else "the ranks disagree: report this machine's torch build",
+    )
+
+
+#: ipywidgets 8 talks to the JupyterLab extension jupyterlab_widgets 3; 7 to 1. Otherwise the page
+#: shows "Error displaying widget" and no dashboard.
+WIDGET_FRONTENDS = {"8": "3", "7": "1"}
+
+
+def check_widgets() -> Check:
+    widgets, frontend = _version("ipywidgets"), _version("jupyterlab_widgets")
+    if widgets is None:
+        return Check("ipywidgets", FAIL, "not installed", "pip install 'ipywidgets>=8'")
+    wanted = WIDGET_FRONTENDS.get(widgets.split(".")[0])
+    seen = f"ipywidgets {widgets}, jupyterlab_widgets {frontend or 'missing'}"
+    if frontend is None or wanted is None or frontend.split(".")[0] != wanted:
+        return Check(
+            "ipywidgets",
+            FAIL,
+            seen,
+            f"the dashboard would show 'Error displaying widget': pip install "
+            f"'jupyterlab_widgets>={wanted or '3'},<{int(wanted or '3') + 1}' (matching ipywidgets {widgets})",
+        )
+    return Check("ipywidgets", PASS, seen)
+
+
+def check_matplotlib() -> Check:
+    try:
+        import matplotlib
+    except ImportError:
+        return Check("matplotlib", FAIL, "not installed", "pip install matplotlib")
+    return Check("matplotlib", PASS, f"{matplotlib.__version__}, backend {matplotlib.get_backend()}")
+
+
+def check_nbval() -> Check:
+    version = _version("nbval")
+    if version is None:
+        return Check("nbval", FAIL, "not installed", "pip install nbval (needed to check the course's notebooks)")
+    return Check("nbval", PASS, version)
+
+
+def all_checks() -> list[Callable[[], Check]]:
+    return [
+        check_python,
+        check_torch,
+        check_accelerator,
+        check_machine,
+        check_loopback,
+        lambda: check_start_method("spawn"),
+        lambda: check_start_method("forkserver"),
+        check_gloo_allreduce,
+        check_widgets,
+        check_matplotlib,
+        check_nbval,
+    ]
+
+
+def run_checks(checks: list[Callable[[], Check]] | None = None) -> list[Check]:
+    """Run every check; one that crashes is reported as a failure, never hides the rest."""
+    results = []
+    for check in checks or all_checks():
+        try:
+            results.append(check())
+        except Exception as exc:
+            name = getattr(check, "__name__", "check").replace("check_", "")
+            results.append(Check(name, FAIL, f"{type(exc).__name__}: {exc}", "report this with the table above"))
+    return results
+
+
+def format_table(results: list[Check]) -> str:
+    width = max(len(r.name) for r in results)
+    lines = [
+        f"{r.status:<4}  {r.name:<{width}}  {r.seen}"
+        + (f"\n{'':<6}{'':<{width}}  -> {r.advice}" if r.advice and r.status != PASS else "")
+        for r in results
+    ]
+    failed = sum(r.status == FAIL for r in results)
+    lines.append(f"\n{failed} of {len(results)} checks failed" if failed else f"\nall {len(results)} checks passed")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    results = run_checks()
+    print(format_table(results))
+    return 1 if any(r.status == FAIL for r in results) else 0

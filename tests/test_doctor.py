@@ -1,0 +1,63 @@
+"""The preflight doctor: passes on this machine, and says what to do when a check is forced to fail."""
+
+import multiprocessing
+
+import pytest
+
+from commhooks_lab import doctor
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+
+def test_doctor_passes_here_and_prints_a_table(capsys):
+    assert doctor.main() == 0
+    out = capsys.readouterr().out
+    for name in (
+        "python",
+        "torch",
+        "loopback rendezvous",
+        "start method spawn",
+        "2-rank gloo all-reduce",
+        "ipywidgets",
+        "matplotlib",
+        "nbval",
+    ):
+        assert name in out
+    assert "all 11 checks passed" in out and "FAIL" not in out
+
+
+def test_a_blocked_start_method_fails_with_advice(monkeypatch):
+    real = multiprocessing.get_context
+
+    def blocked(method=None):
+        if method == "forkserver":
+            raise PermissionError("operation not permitted")
+        return real(method)
+
+    monkeypatch.setattr(multiprocessing, "get_context", blocked)
+    result = doctor.check_start_method("forkserver")
+    assert result.status == doctor.FAIL and "PermissionError" in result.seen
+    assert "cannot be started with 'forkserver'" in result.advice
+    assert doctor.check_start_method("spawn").status == doctor.PASS
+
+
+def test_a_mismatched_widget_frontend_fails_with_the_fix(monkeypatch):
+    versions = {"ipywidgets": "8.1.9", "jupyterlab_widgets": "1.1.7"}
+    monkeypatch.setattr(doctor, "_version", versions.get)
+    result = doctor.check_widgets()
+    assert result.status == doctor.FAIL and "Error displaying widget" in result.advice
+    assert "jupyterlab_widgets>=3,<4" in result.advice
+    versions["jupyterlab_widgets"] = "3.0.17"
+    assert doctor.check_widgets().status == doctor.PASS
+
+
+def test_missing_nbval_and_a_crashing_check_are_failures_not_crashes(monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "_version", lambda name: None)
+
+    def crashes():
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(doctor, "all_checks", lambda: [doctor.check_nbval, crashes, doctor.check_python])
+    assert doctor.main() == 1
+    out = capsys.readouterr().out
+    assert "pip install nbval" in out and "RuntimeError: boom" in out and "2 of 3 checks failed" in out
