@@ -275,6 +275,8 @@ class Cluster:
                     self._procs.append(proc)
                     self._conns.append(parent_end)
             self._collect(rank_process.READY, max(self.timeout_s, START_TIMEOUT_S), None)
+            for rank_log in self._logs:
+                rank_log.detach()  # every rank holds its stderr file open now
         except BaseException:
             self._stop(graceful=False)
             raise

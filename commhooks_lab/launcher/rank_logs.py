@@ -24,40 +24,54 @@ _fd2_lock = threading.Lock()
 
 
 class RankLog:
-    """A temporary file that one rank's fd 2 writes to."""
+    """A temporary file that one rank's fd 2 writes to, read through a descriptor of our own.
+
+    Once the rank has it open the name is unlinked (``detach``): the file lives exactly as long
+    as the rank and this object, and a kernel killed with SIGKILL leaves nothing in /tmp.
+    """
 
     def __init__(self, rank: int):
         fd, self.path = tempfile.mkstemp(prefix=f"commhooks-rank{rank}-", suffix=".stderr")
         os.close(fd)
+        self._fd: int | None = os.open(self.path, os.O_RDONLY)
+        self._linked = True
         self._forwarded = 0
 
+    def _read_from(self, offset: int) -> bytes:
+        if self._fd is None:
+            return b""
+        size = os.fstat(self._fd).st_size
+        return os.pread(self._fd, max(0, size - offset), offset) if size > offset else b""
+
     def tail(self, lines: int = TAIL_LINES) -> str:
-        """The last ``lines`` lines the rank wrote (empty if none, or if the file is gone)."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - _TAIL_BYTES))
-                text = f.read().decode("utf-8", errors="replace")
-        except OSError:
+        """The last ``lines`` lines the rank wrote (empty if none)."""
+        if self._fd is None:
             return ""
-        return "\n".join(text.rstrip().splitlines()[-lines:])
+        data = self._read_from(max(0, os.fstat(self._fd).st_size - _TAIL_BYTES))
+        return "\n".join(data.decode("utf-8", errors="replace").rstrip().splitlines()[-lines:])
 
     def forward(self) -> None:
         """Copy what the rank wrote since the last call to this process's own stderr (fd 2)."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._forwarded)
-                data = f.read()
-        except OSError:
-            return
+        data = self._read_from(self._forwarded)
         if data:
             self._forwarded += len(data)
             with contextlib.suppress(OSError):
                 os.write(2, data)
 
+    def detach(self) -> None:
+        """Remove the file's name; the rank and this object keep writing and reading it."""
+        if self._linked:
+            self._linked = False
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
     def remove(self) -> None:
+        """Forward what is left, then let the file go."""
         self.forward()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        self.detach()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 @contextlib.contextmanager
