@@ -92,7 +92,7 @@ class StepWatch:
         front, _ = self._front()
         behind = self.behind()
         ahead = _ranks(r for r in range(self.world_size) if r not in behind)
-        waited = f"waited for it in a collective until they gave up (timeout_s={timeout_s:g} s)"
+        waited = f"waited for it in a collective until timeout_s={timeout_s:g} s ran out"
         if behind:
             culprit = behind[0]
             last = self.reached.get(culprit)
@@ -109,7 +109,7 @@ class StepWatch:
                 sorted(silent),
                 front,
                 f"stopped answering in step {front} and never joined the collective that {others} "
-                f"waited in until they gave up (timeout_s={timeout_s:g} s)",
+                f"waited in until timeout_s={timeout_s:g} s ran out",
             )
         early = sorted(self.returned)
         if early and len(early) < self.world_size:
