@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from .contract import check_returned, check_value, completed_future
 from .payload import GATHER_OPS, PayloadCounter, unexplained_note, unexplained_wire, written_bytes
+from .scratch import Scratch
 
 
 def _row_dtype(params: list[torch.Tensor]) -> torch.dtype:
@@ -74,7 +75,6 @@ class Probe:
         self._width = -(-width // self._k) * self._k  # rows stay 8-byte aligned when stacked
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._row: torch.Tensor | None = None
-        self._pool: list[torch.Tensor] = []
         self._seen: set[int] = set()
         self.bucket_of: dict[int, int] = {}  # parameter index -> bucket it travelled in, last step
         self.uncompressed_bytes = 0
@@ -83,7 +83,7 @@ class Probe:
         self.notes: list[str] = []
         self._wire_start: int | None = None
         self._wire_gaps: list[float] = []
-        self._buffers: dict[str, torch.Tensor] = {}
+        self._scratch = Scratch(self, self.device)
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -- in the step --------------------------------------------------------------------------
@@ -114,7 +114,7 @@ class Probe:
         return probed_hook
 
     def _take_row(self) -> torch.Tensor:
-        return self._pool.pop() if self._pool else torch.empty(self._width, dtype=self.dtype, device=self.device)
+        return self._scratch.take((self._width,), self.dtype)
 
     def _record_local(self, bucket) -> None:
         if self._row is None:
@@ -161,7 +161,7 @@ class Probe:
         if self.measure_enabled:
             missing = [name for i, name in enumerate(self.names) if i not in self._seen]
             if missing:
-                self._pool.append(row)
+                self._scratch.give(row)
                 raise RuntimeError(f"the probe saw no gradient for {missing}: were these parameters unused?")
             record["_buckets"] = [self.bucket_of[i] for i in range(len(self.params))]
             start = self._k + self.n
@@ -193,14 +193,12 @@ class Probe:
                 return [], []
             return self._measure_all(records, everyone)
         finally:
-            self._pool.extend(rows)
+            for row in rows:
+                self._scratch.give(row)
 
     def _buffer(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-        """A scratch tensor kept between flushes: large fresh allocations cost more than the arithmetic."""
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.shape != shape or buffer.dtype != dtype:
-            buffer = self._buffers[name] = torch.empty(shape, dtype=dtype, device=self.device)
-        return buffer
+        """A scratch tensor kept between flushes (and runs): large fresh allocations cost more than the arithmetic."""
+        return self._scratch.named(name, shape, dtype)
 
     def _to_rank0(self, packed: torch.Tensor) -> list[torch.Tensor] | None:
         """Every rank's rows on rank 0, in rank order (point-to-point: gloo's gather is several times slower)."""
@@ -238,45 +236,45 @@ class Probe:
         local = [r[k : k + n] for r in rows]
         hooked = [r[k + n : k + 2 * n] for r in rows]
         h = hooked[0]
-        exact = self._buffer("exact", (n,), f64)
-        exact.copy_(local[0])
+        # Mixed-dtype arithmetic is many times slower on CPU than a float64 copy plus float64 arithmetic.
+        exact, diff = self._buffer("exact", (n,), f64).copy_(local[0]), self._buffer("diff", (n,), f64)
         for other in local[1:]:
-            exact.add_(other)  # in float64, in rank order
+            exact.add_(diff.copy_(other))  # in float64, in rank order
         exact.div_(self.world_size)
-        diff = torch.sub(h, exact, out=self._buffer("diff", (n,), f64))
+        diff.copy_(h)
+        hh = [diff[o : o + size].dot(diff[o : o + size]) for o, size in zip(self.offsets, self.sizes)]
+        diff.sub_(exact)
         scalars = []
-        for offset, size in zip(self.offsets, self.sizes):
+        for offset, size, h_dot_h in zip(self.offsets, self.sizes, hh):
             d, e = diff[offset : offset + size], exact[offset : offset + size]
             if size == 0:
                 scalars.extend([diff.new_zeros(())] * 5)
                 continue
             low, high = torch.aminmax(d)
-            scalars.extend([d.dot(d), e.dot(e), e.dot(d), torch.maximum(-low, high)])
+            scalars.extend([d.dot(d), e.dot(e), h_dot_h, torch.maximum(-low, high)])
             scalars.append(self._spread(hooked, offset, size))
-        sum_diff = self._buffers.get("sum_diff")
-        if sum_diff is None:
-            sum_diff = self._buffer("sum_diff", (n,), f64).zero_()
+        if not self._scratch.has("sum_diff"):
+            self._buffer("sum_diff", (n,), f64).zero_()
             self._buffer("sum_exact", (n,), f64).zero_()
-        sum_exact = self._buffers["sum_exact"]
+        sum_diff, sum_exact = self._buffer("sum_diff", (n,), f64), self._buffer("sum_exact", (n,), f64)
         sum_diff.add_(diff)
         sum_exact.add_(exact)
         scalars.extend([sum_diff.dot(sum_diff), sum_exact.dot(sum_exact)])
         values = torch.stack(scalars).tolist()
-        if last:
-            self._last = (
-                self._buffer("last_h", (n,), h.dtype).copy_(h),
-                self._buffer("last_exact", (n,), f64).copy_(exact),
-            )
+        if last:  # keep the last step for sample(): swap buffers rather than copy
+            self._buffer("last_exact", (n,), f64)
+            self._scratch.swap("exact", "last_exact")
+            self._last = (self._buffer("last_h", (n,), h.dtype).copy_(h), exact)
         per_layer = [values[5 * i : 5 * i + 5] for i in range(len(self.sizes))]
         layers = [
             {
                 "layer": name,
                 "numel": size,
-                **_errors(dd, ee, ed, mx),
+                **_errors(dd, ee, hh, mx),
                 "rank_spread": spread,
                 "exact_norm": math.sqrt(ee),
             }
-            for name, size, (dd, ee, ed, mx, spread) in zip(self.names, self.sizes, per_layer)
+            for name, size, (dd, ee, hh, mx, spread) in zip(self.names, self.sizes, per_layer)
         ]
         totals = [sum(v[j] for v in per_layer) for j in range(3)]
         row.update(_errors(totals[0], totals[1], totals[2], _max(v[3] for v in per_layer)))
@@ -292,8 +290,8 @@ class Probe:
             theirs = other[offset : offset + size]
             if torch.equal(theirs, h0):
                 continue
-            gap = self._buffer("gap", (self.n,), torch.float64)[:size]
-            gap.copy_(theirs).sub_(h0)
+            gap = self._buffer("gap", (self.n,), torch.float64)[:size].copy_(theirs)
+            gap.sub_(self._buffer("scratch", (self.n,), torch.float64)[:size].copy_(h0))
             low, high = torch.aminmax(gap)
             spread = torch.maximum(spread, torch.maximum(-low, high))
         return spread
@@ -321,12 +319,15 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
-def _errors(dd: float, ee: float, ed: float, max_abs: float) -> dict:
-    """rel_error, cosine and max_abs_error from d.d, e.e, e.d (d = h - e): h.e = e.e + e.d, h.h = e.e + 2 e.d + d.d."""
-    hh = ee + 2 * ed + dd
-    denom = math.sqrt(max(hh, 0.0)) * math.sqrt(ee)
+def _errors(dd: float, ee: float, hh: float, max_abs: float) -> dict:
+    """rel_error, cosine and max_abs_error from d.d, e.e and h.h (d = h - e): h.e = (h.h + e.e - d.d) / 2.
+
+    Three dot products of a vector with itself, the cheapest pass there is; the cosine stays
+    accurate to a few units in the last place of its magnitudes.
+    """
+    denom = math.sqrt(hh) * math.sqrt(ee)
     return {
         "rel_error": _ratio(math.sqrt(dd), math.sqrt(ee)),
-        "cosine": (ee + ed) / denom if denom > 0 else math.nan,
+        "cosine": (hh + ee - dd) / 2 / denom if denom > 0 else math.nan,
         "max_abs_error": max_abs,
     }
