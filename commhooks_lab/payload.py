@@ -280,7 +280,10 @@ class PayloadCounter:
         group = None
         if name == "batch_isend_irecv" and bound.arguments.get("p2p_op_list"):
             group = bound.arguments["p2p_op_list"][0].group
-        count = rule(_Call(bound.arguments, group))
+        call = _Call(bound.arguments, group)
+        if call.rank < 0:
+            return  # this rank is not in the call's group: the call moves nothing here
+        count = rule(call)
         with self._lock:
             self.payload_bytes += count.payload
             self.ring_bytes += count.ring
