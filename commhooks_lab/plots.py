@@ -330,20 +330,116 @@ def convergence(results: Iterable[Result], baseline: str | None = "allreduce") -
     return fig
 
 
-def network_time(model: pd.DataFrame, world_size: int) -> Figure:
-    """Modelled time per step against bandwidth (log-log), one line per hook, at one world size."""
+def _hook_style(name: str, baseline: str = "allreduce") -> dict[str, Any]:
+    return {"linestyle": "--", "color": "black"} if name == baseline else {}
+
+
+def network_time(
+    model: pd.DataFrame, world_size: int, overlapped: pd.DataFrame | None = None, title: str | None = None
+) -> Figure:
+    """Modelled gradient time per step against bandwidth (log-log), one line per hook, at one world size.
+
+    ``overlapped``: the same model with overlap > 0; its asynchronous hooks are drawn dotted beside.
+    """
     table = model[model["world_size"] == world_size]
-    fig, ax = plt.subplots(figsize=(7.5, 5), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(9, 5), constrained_layout=True)
+    lines = {}
     for name, rows in table.groupby("hook", sort=False):
-        style: dict[str, Any] = {"linestyle": "--", "color": "black"} if name == "allreduce" else {}
-        ax.plot(rows["bandwidth_gbps"], rows["step_ms"], marker="o", label=name, **style)
+        (line,) = ax.plot(rows["bandwidth_gbps"], rows["step_ms"], marker="o", label=name, **_hook_style(str(name)))
+        lines[name] = line
+    if overlapped is not None:
+        extra = overlapped[(overlapped["world_size"] == world_size) & (overlapped["overlap"] > 0)]
+        for name, rows in extra.groupby("hook", sort=False):
+            color = lines[name].get_color() if name in lines else None
+            share = rows["overlap"].iloc[0]
+            ax.plot(rows["bandwidth_gbps"], rows["step_ms"], linestyle=":", marker=".", color=color,
+                    label=f"{name}, {share:.0%} hidden by overlap")  # fmt: skip
     ax.set(
         xscale="log",
         yscale="log",
         xlabel="link bandwidth (Gbit/s)",
-        ylabel="modelled time per step (ms)",
-        title=f"{world_size} ranks: where each hook pays off (alpha-beta model)",
+        ylabel="modelled gradient time per step (ms)\ncompression work + communication",
+        title=title or f"{world_size} ranks: alpha-beta model",
     )
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, alpha=0.3)
+    return fig
+
+
+def _human(n: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:g}"
+
+
+def bytes_by_model(table: pd.DataFrame, title: str | None = None) -> Figure:
+    """Bytes over each rank's link, as a share of the fp32 all-reduce's, for models ordered by size."""
+    models = table.drop_duplicates("model").sort_values("parameters")
+    positions = {m: i for i, m in enumerate(models["model"])}
+    fig, ax = plt.subplots(figsize=(10, 5), constrained_layout=True)
+    for name, rows in table.groupby("hook", sort=False):
+        ax.plot([positions[m] for m in rows["model"]], rows["link_vs_fp32"], marker="o", label=name,
+                **_hook_style(str(name)))  # fmt: skip
+    ax.set_xticks(
+        range(len(models)), [f"{m}\n{_human(p)} parameters" for m, p in zip(models["model"], models["parameters"])]
+    )
+    ax.tick_params(axis="x", labelsize="small")
+    ax.set(yscale="log", ylabel="bytes over each rank's link / fp32 all-reduce's", title=title or "Bytes by model")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(True, alpha=0.3)
+    return fig
+
+
+def bytes_by_world_size(sweep: pd.DataFrame, title: str | None = None) -> Figure:
+    """Bytes over each rank's link per step against world size (log-log): all-gathered payloads grow with W."""
+    fig, ax = plt.subplots(figsize=(9, 5), constrained_layout=True)
+    for name, rows in sweep.groupby("hook", sort=False):
+        ax.plot(rows["world_size"], rows["link_bytes"] / 1e6, marker=".", label=name, **_hook_style(str(name)))
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="world size W (ranks)",
+        ylabel="MB over each rank's link per step",
+        title=title or "Bytes per link against world size",
+    )
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(True, alpha=0.3)
+    return fig
+
+
+def convergence_seeds(results: Iterable[Result], baseline: str = "allreduce", title: str | None = None,
+                      smooth: int = 10) -> Figure:  # fmt: skip
+    """Training loss (a ``smooth``-step running mean; shaded: lowest to highest seed) and test accuracy
+    (mean, bars: one standard deviation) per step, over the seeds of each hook."""
+    results = _list(results)
+    by_hook: dict[str, list[Result]] = {}
+    for r in results:
+        by_hook.setdefault(r.name, []).append(r)
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(14, 5), constrained_layout=True)
+    width = 0.6 * float(np.diff(results[0].steps.dropna(subset=["accuracy"])["step"]).min(initial=10))
+    for i, (name, runs) in enumerate(by_hook.items()):
+        style = _hook_style(name, baseline)
+        loss = np.array([r.steps["loss"].rolling(smooth, min_periods=1).mean().to_numpy() for r in runs])
+        steps = runs[0].steps["step"].to_numpy()
+        (line,) = ax_loss.plot(steps, loss.mean(axis=0), label=name, linewidth=1.4, **style)
+        ax_loss.fill_between(steps, loss.min(axis=0), loss.max(axis=0), color=line.get_color(), alpha=0.12)
+        evals = [r.steps.dropna(subset=["accuracy"]) for r in runs]
+        acc = np.array([e["accuracy"].to_numpy() for e in evals])
+        shift = width * (i / max(len(by_hook) - 1, 1) - 0.5)  # side by side, so that the bars stay readable
+        at = evals[0]["step"].to_numpy() + 1 + shift  # accuracy is measured after the step's update
+        sd = acc.std(0, ddof=1) if len(runs) > 1 else None
+        ax_acc.errorbar(at, acc.mean(0), yerr=sd, marker="o", markersize=4, capsize=2, label=name,
+                        color=line.get_color(), **{k: v for k, v in style.items() if k != "color"})  # fmt: skip
+    start = float(np.mean([r.steps["loss"].iloc[0] for r in results]))
+    ax_loss.axhline(start, color="gray", linestyle=":", label=f"loss at step 0 ({start:.2f}, about ln 10)")
+    ax_acc.axhline(0.1, color="gray", linestyle=":", label="chance (10 classes)")
+    ax_loss.set(yscale="log", xlabel="step", ylabel=f"training loss, {smooth}-step running mean",
+                title="Training loss: mean over seeds, shaded from lowest to highest seed")  # fmt: skip
+    ax_acc.set(xlabel="step", ylabel="test accuracy", ylim=(0, 1),
+               title="Accuracy on held-out digits: mean ± one sd over seeds")  # fmt: skip
+    for ax in (ax_loss, ax_acc):
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    seeds = max(len(runs) for runs in by_hook.values())
+    fig.suptitle(title or f"{len(by_hook)} hooks, {seeds} seeds each")
     return fig

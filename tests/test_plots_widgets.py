@@ -213,3 +213,15 @@ def test_changing_world_size_restarts_the_ranks(dashboard):
     dashboard.run_button.click()
     assert len(dashboard.cluster.pids) == 3 and not set(first) & set(dashboard.cluster.pids)
     assert dashboard.results[-1].env["world_size"] == 3
+
+
+def test_error_feedback_puts_per_step_and_summed_error_side_by_side(results):
+    ef, no_ef = results.by_name("power_sgd r1"), results.by_name("power_sgd r1 no EF")
+    fig = plots.error_feedback([ef, no_ef], title="a takeaway")
+    step_ax, sum_ax = fig.axes
+    assert step_ax.get_ylim()[0] == 0 and step_ax.get_yscale() == "linear"
+    np.testing.assert_array_equal(sum_ax.get_lines()[0].get_ydata(), ef.steps["cumulative_rel_error"])
+    for ax in fig.axes:
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert labels == ["power_sgd r1", "power_sgd r1 no EF", "1: as far off as h = 0"]
+    assert fig.get_suptitle() == "a takeaway"
