@@ -214,3 +214,11 @@ def through_the_process_group(state, bucket):
     tensor = bucket.buffer().div_(dist.get_world_size())
     dist.group.WORLD.allreduce([tensor]).wait()
     return done(bucket)
+
+
+def compressor_hook_on_meta_default(state, bucket):
+    """The lab's compressor hook with a meta default device: any tensor it made without device= would be meta."""
+    from commhooks_lab.compressors import compressor_hook
+
+    with torch.device("meta"):
+        return compressor_hook(state, bucket)

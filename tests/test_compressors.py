@@ -151,9 +151,14 @@ ZOO = [TopK(0.01), RandomK(0.05), ScaledSign(), QSGD(16), TernGrad(), Int8PerCha
 
 
 @pytest.fixture(scope="module")
-def zoo_runs():
+def zoo_cluster():
     with lab.Cluster(world_size=2) as cluster:
-        yield lab.compare(ZOO + [ErrorFeedback(c) for c in ZOO], steps=3, cluster=cluster)
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def zoo_runs(zoo_cluster):
+    return lab.compare(ZOO + [ErrorFeedback(c) for c in ZOO], steps=3, cluster=zoo_cluster)
 
 
 @pytest.mark.parametrize("index", range(len(ZOO)))
@@ -168,6 +173,33 @@ def test_each_compressor_is_a_correct_ddp_hook_with_honest_bytes(zoo_runs, index
     if not ZOO[index].summable:  # all-gathered: the link carries every other rank's copy
         assert (plain.steps["allgather_bytes"] == expected).all()
     assert with_ef.name == f"{plain.name} + EF"
+
+
+@pytest.mark.parametrize("compressor", [ErrorFeedback(TopK(0.05)), RandomK(0.05)], ids=lambda c: c.name)
+def test_the_compressor_hook_makes_every_tensor_on_the_gradients_device(zoo_cluster, compressor):
+    """The whole hook (payload packing, all-gather buffers, decoding, the future) under a meta default device."""
+    import _collective_hooks
+
+    plain = lab.run(hook=compressor, steps=3, cluster=zoo_cluster)
+    meta = lab.run(
+        hook=_collective_hooks.compressor_hook_on_meta_default,
+        state_factory=lab.compressors.make_state(compressor),
+        steps=3,
+        cluster=zoo_cluster,
+    )
+    assert meta.final["param_digests"] == plain.final["param_digests"]
+    assert list(meta.steps["payload_bytes"]) == list(plain.steps["payload_bytes"])
+
+
+def test_a_reused_error_feedback_object_starts_each_run_from_zero(zoo_cluster):
+    """Two runs in one rank process with one compressor object (as under torchrun): the second starts from zero."""
+    from commhooks_lab.rank_job import run_experiments
+
+    config = lab.ExperimentConfig(hook=ErrorFeedback(TopK(0.01)), steps=3)
+    choice = config.check()
+    first, second = zoo_cluster.run(run_experiments, [config, config], [choice, choice])[0]
+    assert first["param_digest"] == second["param_digest"]
+    assert [s["rel_error"] for s in first["steps"]] == [s["rel_error"] for s in second["steps"]]
 
 
 # -- the network model and the studies of notebook 8 ----------------------------------------------------
