@@ -1,0 +1,139 @@
+"""Notebook 6's exercises, done with the dashboard: what error feedback keeps, and where PowerSGD's byte
+savings end."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+from . import NOT_ATTEMPTED, RIGHT, WRONG, Outcome, _say, check_prediction, reference
+
+#: fp16's share of fp32's bytes: the line PowerSGD has to stay under to save more than fp16 does.
+FP16_SHARE = 0.5
+MIN_COMPRESSION_RATE = 2.0  # PowerSGDState's default, which the dashboard shows
+
+
+# -- exercise 1: error feedback off, warm start on -----------------------------------------------------------
+
+
+def check_ef_switch_prediction(prediction: Any, both_on, without_ef) -> Outcome:
+    """Prediction "higher" or "lower": cumulative_rel_error without error feedback, against both switches on."""
+    worse = without_ef.steps["cumulative_rel_error"].iloc[-1] > both_on.steps["cumulative_rel_error"].iloc[-1]
+    if prediction is not None and prediction not in ("higher", "lower"):
+        prediction = f"{prediction!r}, not 'higher' or 'lower'"
+    return check_prediction(
+        "ef_switch_prediction",
+        prediction,
+        "higher" if worse else "lower",
+        "cumulative_rel_error compares the sums over steps. Where does the part of a gradient that matrix rank 1 "
+        "cannot represent go, with error feedback and without it?",
+        "Without error feedback what the rank-1 approximation misses is dropped for good, so the sum drifts; "
+        "without warm start it is re-sent later, so the sum stays close.",
+    )
+
+
+# -- exercise 2: the smallest matrix rank that saves no more bytes than fp16 ---------------------------------
+
+
+def _shares(shapes: Sequence[tuple[int, ...]], matrix_rank: int, min_compression_rate: float) -> float:
+    from ..netmodel import payload, rule_traffic
+
+    fp32 = payload(rule_traffic(shapes, "allreduce"))
+    traffic = rule_traffic(
+        shapes, "power_sgd", matrix_approximation_rank=matrix_rank, min_compression_rate=min_compression_rate
+    )
+    return payload(traffic) / fp32
+
+
+@reference("half_bytes_rank")
+def half_bytes_rank(shapes: Sequence[tuple[int, ...]], min_compression_rate: float = MIN_COMPRESSION_RATE) -> int:
+    """The smallest matrix rank at which PowerSGD sends at least half of fp32's bytes, from the byte rules:
+    r(m+n) numbers per m x n matrix it compresses, every element of the others."""
+    largest = max(min(s[0], math.prod(s) // s[0]) for s in shapes if s)  # beyond it nothing changes
+    return next((r for r in range(1, largest + 1) if _shares(shapes, r, min_compression_rate) >= FP16_SHARE), largest)
+
+
+def uncompressed_from(shapes: Sequence[tuple[int, ...]], min_compression_rate: float = MIN_COMPRESSION_RATE) -> dict:
+    """For each matrix, the smallest matrix rank at which PowerSGD sends it uncompressed (``_should_compress``)."""
+    out = {}
+    for shape in shapes:
+        if len(shape) < 2:
+            continue
+        rows = shape[0]
+        cols = math.prod(shape) // rows
+        r = next(
+            (r for r in range(1, min(rows, cols) + 1) if (rows + cols) * r * min_compression_rate >= rows * cols),
+            None,  # compressed at every matrix rank (possible with min_compression_rate < 1)
+        )
+        out["x".join(map(str, shape))] = r
+    return out
+
+
+def _measured_share(matrix_rank: int, cluster, model: str) -> float:
+    from ..experiment import run
+
+    result = run(
+        hook="power_sgd",
+        state_options={"matrix_approximation_rank": matrix_rank, "start_powerSGD_iter": 2},
+        model=model,
+        steps=3,
+        measure=False,
+        cluster=cluster,
+    )
+    return float(result.summary()["payload_vs_fp32"])
+
+
+def check_half_bytes_rank(answer: Any, cluster=None, model: str = "mlp") -> Outcome:
+    """Your matrix rank r: PowerSGD must send at least half of fp32's bytes at r, and less at r - 1 (measured)."""
+    from ..models import build_task
+    from ..netmodel import parameter_shapes
+
+    name = "half_bytes_rank"
+    shapes = parameter_shapes(build_task(model, 0).model)
+    reference_answer = half_bytes_rank(shapes)
+    if answer is None:
+        return _say(
+            Outcome(
+                NOT_ATTEMPTED,
+                f"· {name}: not attempted yet. Find the matrix rank with the dashboard, write it in the cell above "
+                f"and run both cells again (stuck? lab.exercises.reveal({name!r})).",
+                reference_answer,
+            )
+        )
+    if isinstance(answer, bool) or not isinstance(answer, numbers.Integral) or int(answer) < 1:
+        return _say(
+            Outcome(WRONG, f"✗ {name}: a matrix rank is a whole number >= 1, got {answer!r}.", reference_answer)
+        )
+    answer = int(answer)
+    share = _measured_share(answer, cluster, model)
+    if share < FP16_SHARE:
+        return _say(
+            Outcome(
+                WRONG,
+                f"✗ {name}: not yet. At matrix rank {answer} PowerSGD sends {share:.1%} of fp32's bytes, less than "
+                "fp16's 50%: look at larger matrix ranks.",
+                reference_answer,
+            )
+        )
+    below = _measured_share(answer - 1, cluster, model) if answer > 1 else 0.0
+    if below >= FP16_SHARE:
+        return _say(
+            Outcome(
+                WRONG,
+                f"✗ {name}: not yet. Matrix rank {answer - 1} already sends {below:.1%} of fp32's bytes: look at "
+                "smaller matrix ranks, and at each layer's shape.",
+                reference_answer,
+            )
+        )
+    switches = ", ".join(f"{shape} from r = {r}" for shape, r in uncompressed_from(shapes).items() if r is not None)
+    return _say(
+        Outcome(
+            RIGHT,
+            f"✓ {name}: right. Matrix rank {answer - 1} sends {below:.1%} of fp32's bytes, {answer} sends "
+            f"{share:.1%}. PowerSGD sends r(m+n) numbers per m x n matrix, and a matrix goes uncompressed once "
+            f"r(m+n) x min_compression_rate >= mn ({switches}): hence the jump you saw.",
+            answer,
+        )
+    )

@@ -1,0 +1,57 @@
+"""Notebook 6's exercise checks on their three paths: not attempted, wrong (plausible wrong answers), right."""
+
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+import commhooks_lab as lab
+from commhooks_lab import netmodel
+from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
+from commhooks_lab.exercises import dashboard as ex
+from commhooks_lab.models import build_task
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+
+def fake_run(cumulative):
+    return SimpleNamespace(steps=pd.DataFrame({"cumulative_rel_error": cumulative}))
+
+
+def test_ef_switch_prediction_on_its_three_paths():
+    both_on, without_ef = fake_run([0.8, 0.36]), fake_run([0.8, 0.78])
+    outcome = ex.check_ef_switch_prediction(None, both_on, without_ef)
+    assert outcome.status == NOT_ATTEMPTED and outcome.value == "higher"
+    wrong = ex.check_ef_switch_prediction("lower", both_on, without_ef)  # plausible: "warm start carries it"
+    assert wrong.status == WRONG and "matrix rank 1 cannot represent" in wrong.message
+    assert "higher" not in wrong.message
+    assert ex.check_ef_switch_prediction("up", both_on, without_ef).status == WRONG
+    assert ex.check_ef_switch_prediction("higher", both_on, without_ef).status == RIGHT
+    assert ex.check_ef_switch_prediction("lower", without_ef, both_on).status == RIGHT  # follows the data
+
+
+def test_reference_answer_from_the_byte_rules():
+    mlp = netmodel.parameter_shapes(build_task("mlp", 0).model)
+    assert ex.half_bytes_rank(mlp) == 18
+    assert ex.uncompressed_from(mlp) == {"128x64": 22, "10x128": 5}
+    assert ex.uncompressed_from([(10, 100)], min_compression_rate=0.01) == {"10x100": None}  # never
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with lab.Cluster(world_size=2) as c:
+        yield c
+
+
+def test_half_bytes_rank_check_on_its_three_paths(cluster, capsys):
+    outcome = ex.check_half_bytes_rank(None, cluster=cluster)
+    assert outcome.status == NOT_ATTEMPTED and outcome.value == 18
+    assert "not attempted yet" in capsys.readouterr().out
+    too_small = ex.check_half_bytes_rank(5, cluster=cluster)  # plausible: where the 10 x 128 layer switches
+    assert too_small.status == WRONG and "larger matrix ranks" in too_small.message and "18" not in too_small.message
+    too_large = ex.check_half_bytes_rank(22, cluster=cluster)  # plausible: "until nothing is compressed"
+    assert too_large.status == WRONG and "smaller matrix ranks" in too_large.message
+    assert "whole number" in ex.check_half_bytes_rank("18", cluster=cluster).message
+    assert ex.check_half_bytes_rank(0, cluster=cluster).status == WRONG
+    right = ex.check_half_bytes_rank(18, cluster=cluster)
+    assert right.status == RIGHT and "10x128 from r = 5" in right.message
