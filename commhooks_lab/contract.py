@@ -19,7 +19,7 @@ from . import _compat
 
 
 def hook_name(hook: Callable) -> str:
-    return getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None) or repr(hook)
+    return getattr(hook, "__name__", None) or repr(hook)
 
 
 def check_returned(hook: Callable, future: Any) -> None:
@@ -33,8 +33,13 @@ def check_returned(hook: Callable, future: Any) -> None:
         )
 
 
-def check_value(hook: Callable, value: Any, bucket_buffer: torch.Tensor) -> Any:
-    """The future's value must be one tensor of the bucket's size and dtype (DDP copies it back into the grads)."""
+def check_value(hook: Callable, value: Any, bucket) -> Any:
+    """The future's value must be one tensor of the bucket's size and dtype (DDP copies it back into the grads).
+
+    The bucket's buffer is read when the future completes: PyTorch's fp16/bf16 wrappers swap in a
+    half-precision buffer (``bucket.set_buffer``) and return it.
+    """
+    bucket_buffer = bucket.buffer()
     if (
         isinstance(value, torch.Tensor)
         and value.numel() == bucket_buffer.numel()
@@ -46,8 +51,10 @@ def check_value(hook: Callable, value: Any, bucket_buffer: torch.Tensor) -> Any:
         why = "its .then() callback returned nothing; end the callback with `return tensor`"
     elif isinstance(value, (list, tuple)):
         why = "the raw future of an async collective holds a list; add .then(lambda fut: fut.value()[0])"
-    elif isinstance(value, torch.Tensor):
+    elif isinstance(value, torch.Tensor) and value.numel() != bucket_buffer.numel():
         why = "DDP would copy it into the gradients anyway, and ranks would silently train on other numbers"
+    elif isinstance(value, torch.Tensor):
+        why = "copy it back into the bucket's buffer (bucket.buffer().copy_(tensor)) and return that"
     else:
         why = "DDP copies the value into the gradients"
     raise ValueError(

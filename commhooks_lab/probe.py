@@ -107,8 +107,8 @@ class Probe:
             future = hook(state, bucket)
             check_returned(hook, future)
             if not wait:
-                return future.then(lambda fut: check_value(hook, fut.value(), buffer))
-            return completed_future(check_value(hook, future.wait(), buffer))
+                return future.then(lambda fut: check_value(hook, fut.value(), bucket))
+            return completed_future(check_value(hook, future.wait(), bucket))
 
         probed_hook.__wrapped__ = hook  # type: ignore[attr-defined]
         return probed_hook
