@@ -19,10 +19,11 @@ h = the gradient the hook leaves in ``param.grad``):
 - ``rank_spread`` = max over parameters of max |h_r - h_0|: 0 is DDP's invariant
 - ``cumulative_rel_error`` = ||sum_t (h_t - exact_t)|| / ||sum_t exact_t||
 
-Cost, as models grow: each step writes its local and hook gradients into one preallocated row
-(the gradients' own dtype: exact, and no fresh memory to fault in); a flush sends the rows to
-rank 0 point-to-point and rank 0 measures in float64 with dot products and min/max over
-reused buffers: a few passes over the parameters, no per-element temporaries.
+Cost, as models grow: each step writes its local and hook gradients into one reused row (the
+gradients' own dtype: exact, and no fresh memory to fault in). A flush sends every rank the
+rows' slice for its share of the parameters (point-to-point: gloo's gather is several times
+slower), each rank measures its share in float64 (:mod:`commhooks_lab.measure`), and rank 0
+receives five sums per parameter and step. Work and bytes are split W ways.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from .contract import check_returned, check_value, completed_future
+from .measure import SUMS, ShareMeter, cumulative, metrics, shares
 from .payload import GATHER_OPS, PayloadCounter, unexplained_note, unexplained_wire, written_bytes
 from .scratch import Scratch
 
@@ -51,11 +53,12 @@ def _row_dtype(params: list[torch.Tensor]) -> torch.dtype:
 class Probe:
     """Wraps a hook; records each step; :meth:`flush` compares the records with the exact mean.
 
-    Recording only copies tensors into a row per step: ``[loss (float64 bits) | local grads |
-    hook grads]`` in the gradients' dtype. Measuring needs communication of its own, so rows
-    wait and are sent to rank 0 together, at the end of a run or whenever they reach
-    ``flush_bytes``. Every rank must call :meth:`flush` at the same points, which
-    :meth:`should_flush` guarantees (same sizes on every rank). Only rank 0 returns rows.
+    Recording only copies tensors into a row per step: ``[loss (float64 bits) | block_0 | ... ]``
+    in the gradients' dtype, where ``block_q`` holds rank q's share of the local gradients, then
+    of the hook's. Measuring needs communication of its own, so rows wait and are measured
+    together, at the end of a run or whenever they reach ``flush_bytes``. Every rank must call
+    :meth:`flush` at the same points, which :meth:`should_flush` guarantees (same sizes on every
+    rank); a flush while :meth:`should_flush` is False is the run's last. Only rank 0 returns rows.
     """
 
     def __init__(self, named_parameters, world_size: int, rank: int, measure: bool = True, flush_bytes: int = 32 << 20):
@@ -71,8 +74,20 @@ class Probe:
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.dtype = _row_dtype(self.params)
         self._k = 8 // self.dtype.itemsize  # row elements that hold the loss's float64 bits
-        width = self._k + (2 * self.n if measure else 0)
+        self._shares = shares(self.sizes if measure else [0] * len(self.sizes), world_size)
+        width = self._k + 2 * self._shares[-1].end
         self._width = -(-width // self._k) * self._k  # rows stay 8-byte aligned when stacked
+        # where each parameter's local gradient and hook result sit in a row
+        self._local_at, self._h_at = [], []
+        for share in self._shares:
+            block = self._k + 2 * share.start
+            for i in range(share.first, share.stop):
+                self._local_at.append(block + self.offsets[i] - share.start)
+                self._h_at.append(block + share.numel + self.offsets[i] - share.start)
+        # the slice of a row each rank measures; rank 0's includes the loss
+        self._blocks = [
+            (0 if q == 0 else self._k + 2 * s.start, self._k + 2 * s.end) for q, s in enumerate(self._shares)
+        ]
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._row: torch.Tensor | None = None
         self._seen: set[int] = set()
@@ -84,6 +99,7 @@ class Probe:
         self._wire_start: int | None = None
         self._wire_gaps: list[float] = []
         self._scratch = Scratch(self, self.device)
+        self._meter = ShareMeter(self._shares[rank], self.sizes, world_size, self._scratch)
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -- in the step --------------------------------------------------------------------------
@@ -119,10 +135,10 @@ class Probe:
     def _record_local(self, bucket) -> None:
         if self._row is None:
             self._row = self._take_row()
-        row, start = self._row, self._k
+        row = self._row
         for param, grad in zip(bucket.parameters(), bucket.gradients()):
             i = self._index[id(param)]
-            row[start + self.offsets[i] : start + self.offsets[i] + self.sizes[i]].copy_(grad.reshape(-1))
+            row[self._local_at[i] : self._local_at[i] + self.sizes[i]].copy_(grad.reshape(-1))
             self._seen.add(i)
             self.bucket_of[i] = bucket.index()
 
@@ -164,10 +180,9 @@ class Probe:
                 self._scratch.give(row)
                 raise RuntimeError(f"the probe saw no gradient for {missing}: were these parameters unused?")
             record["_buckets"] = [self.bucket_of[i] for i in range(len(self.params))]
-            start = self._k + self.n
-            for param, offset, size in zip(self.params, self.offsets, self.sizes):
+            for i, param in enumerate(self.params):
                 assert param.grad is not None  # every parameter was in a bucket
-                row[start + offset : start + offset + size].copy_(param.grad.reshape(-1))
+                row[self._h_at[i] : self._h_at[i] + self.sizes[i]].copy_(param.grad.reshape(-1))
         record["_row"] = row
         self.records.append(record)
         return record
@@ -182,16 +197,14 @@ class Probe:
 
         Collective: every rank calls it at the same points.
         """
+        final = not self.should_flush()
         records, self.records = self.records, []
-        if not records:
-            return [], []
         rows = [rec.pop("_row") for rec in records]
-        packed = rows[0].view(1, -1) if len(rows) == 1 else torch.stack(rows)
-        everyone = self._to_rank0(packed)
         try:
-            if everyone is None:
-                return [], []
-            return self._measure_all(records, everyone)
+            out = self._measure_records(records, rows) if records else ([], [])
+            if final and self.measure_enabled and self._meter.last is not None:
+                self._collect_last()
+            return out
         finally:
             for row in rows:
                 self._scratch.give(row)
@@ -200,101 +213,101 @@ class Probe:
         """A scratch tensor kept between flushes (and runs): large fresh allocations cost more than the arithmetic."""
         return self._scratch.named(name, shape, dtype)
 
-    def _to_rank0(self, packed: torch.Tensor) -> list[torch.Tensor] | None:
-        """Every rank's rows on rank 0, in rank order (point-to-point: gloo's gather is several times slower)."""
-        if self.world_size == 1:
-            return [packed]
+    def _measure_records(self, records: list[dict], rows: list[torch.Tensor]) -> tuple[list[dict], list[dict]]:
+        packed = rows[0].view(1, -1) if len(rows) == 1 else torch.stack(rows)
+        blocks = self._exchange(packed)
+        sums = None
+        if self.measure_enabled:
+            base, numel = (self._k if self.rank == 0 else 0), self._shares[self.rank].numel
+            sums = [
+                self._meter.measure(
+                    [b[i, base : base + numel] for b in blocks],
+                    [b[i, base + numel : base + 2 * numel] for b in blocks],
+                    keep_last=i == len(records) - 1,
+                )
+                for i in range(len(records))
+            ]
+        everyone = self._sums_to_rank0(torch.stack(sums) if sums else None)
         if self.rank != 0:
-            dist.send(packed, dst=0)
-            return None
-        received = [self._buffer(f"from{r}", tuple(packed.shape), packed.dtype) for r in range(1, self.world_size)]
-        works = [dist.irecv(buffer, src=r) for r, buffer in enumerate(received, start=1)]
-        for work in works:
-            if work is not None:
-                work.wait()
-        return [packed, *received]
-
-    def _measure_all(self, records: list[dict], everyone: list[torch.Tensor]) -> tuple[list[dict], list[dict]]:
-        k, w = self._k, self.world_size
-        losses = torch.stack([rows[:, :k].view(torch.float64)[:, 0] for rows in everyone]).sum(0) / w
+            return [], []
+        losses = torch.stack([b[:, : self._k].contiguous().view(torch.float64)[:, 0] for b in blocks])
+        losses = losses.sum(0) / self.world_size
         steps: list[dict] = []
         layers: list[dict] = []
-        for i, (rec, loss) in enumerate(zip(records, losses.tolist())):
-            row = {**rec, "loss": loss}
-            if self.measure_enabled:
+        per_rank = [part.tolist() for part in everyone] if everyone is not None else None
+        for i, (record, loss) in enumerate(zip(records, losses.tolist())):
+            row = {**record, "loss": loss}
+            if per_rank is not None:
                 buckets = row.pop("_buckets")
-                step_layers = self._measure(row, [rows[i] for rows in everyone], last=i == len(records) - 1)
-                layers.extend({"step": rec["step"], "bucket": b, **layer} for b, layer in zip(buckets, step_layers))
+                step, step_layers = metrics(self.names, self.sizes, [v for part in per_rank for v in part[i][:-2]])
+                row.update(step)
+                row["cumulative_rel_error"] = cumulative(*(sum(part[i][j] for part in per_rank) for j in (-2, -1)))
+                layers.extend({"step": record["step"], "bucket": b, **layer} for b, layer in zip(buckets, step_layers))
             steps.append(row)
         note = unexplained_note(self._wire_gaps)
         self.notes[:] = [n for n in self.notes if not n.startswith("wire_bytes:")] + ([note] if note else [])
         return steps, layers
 
-    def _measure(self, row: dict, rows: list[torch.Tensor], last: bool) -> list[dict]:
-        """One step: ``rows[r]`` is rank r's ``[loss | local | h]``. Fills ``row``, returns layer rows."""
-        k, n, f64 = self._k, self.n, torch.float64
-        local = [r[k : k + n] for r in rows]
-        hooked = [r[k + n : k + 2 * n] for r in rows]
-        h = hooked[0]
-        # Mixed-dtype arithmetic is many times slower on CPU than a float64 copy plus float64 arithmetic.
-        exact, diff = self._buffer("exact", (n,), f64).copy_(local[0]), self._buffer("diff", (n,), f64)
-        for other in local[1:]:
-            exact.add_(diff.copy_(other))  # in float64, in rank order
-        exact.div_(self.world_size)
-        diff.copy_(h)
-        hh = [diff[o : o + size].dot(diff[o : o + size]) for o, size in zip(self.offsets, self.sizes)]
-        diff.sub_(exact)
-        scalars = []
-        for offset, size, h_dot_h in zip(self.offsets, self.sizes, hh):
-            d, e = diff[offset : offset + size], exact[offset : offset + size]
-            if size == 0:
-                scalars.extend([diff.new_zeros(())] * 5)
+    def _exchange(self, packed: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's slice of the rows for this rank's share, in rank order (point-to-point)."""
+        low, high = self._blocks[self.rank]
+        if self.world_size == 1:
+            return [packed[:, low:high]]
+        sent, works = [], []
+        for q, (q_low, q_high) in enumerate(self._blocks):
+            if q != self.rank and q_high > q_low:
+                sent.append(packed[:, q_low:q_high].contiguous())
+                works.append(dist.isend(sent[-1], dst=q))
+        blocks = []
+        for r in range(self.world_size):
+            if r == self.rank:
+                blocks.append(packed[:, low:high])
                 continue
-            low, high = torch.aminmax(d)
-            scalars.extend([d.dot(d), e.dot(e), h_dot_h, torch.maximum(-low, high)])
-            scalars.append(self._spread(hooked, offset, size))
-        if not self._scratch.has("sum_diff"):
-            self._buffer("sum_diff", (n,), f64).zero_()
-            self._buffer("sum_exact", (n,), f64).zero_()
-        sum_diff, sum_exact = self._buffer("sum_diff", (n,), f64), self._buffer("sum_exact", (n,), f64)
-        sum_diff.add_(diff)
-        sum_exact.add_(exact)
-        scalars.extend([sum_diff.dot(sum_diff), sum_exact.dot(sum_exact)])
-        values = torch.stack(scalars).tolist()
-        if last:  # keep the last step for sample(): swap buffers rather than copy
-            self._buffer("last_exact", (n,), f64)
-            self._scratch.swap("exact", "last_exact")
-            self._last = (self._buffer("last_h", (n,), h.dtype).copy_(h), exact)
-        per_layer = [values[5 * i : 5 * i + 5] for i in range(len(self.sizes))]
-        layers = [
-            {
-                "layer": name,
-                "numel": size,
-                **_errors(dd, ee, hh, mx),
-                "rank_spread": spread,
-                "exact_norm": math.sqrt(ee),
-            }
-            for name, size, (dd, ee, hh, mx, spread) in zip(self.names, self.sizes, per_layer)
-        ]
-        totals = [sum(v[j] for v in per_layer) for j in range(3)]
-        row.update(_errors(totals[0], totals[1], totals[2], _max(v[3] for v in per_layer)))
-        row["rank_spread"] = _max(v[4] for v in per_layer)
-        row["cumulative_rel_error"] = _ratio(math.sqrt(values[-2]), math.sqrt(values[-1]))
-        return layers
+            blocks.append(self._buffer(f"from{r}", (packed.shape[0], high - low), packed.dtype))
+            if high > low:
+                works.append(dist.irecv(blocks[-1], src=r))
+        _wait(works)
+        return blocks
 
-    def _spread(self, hooked: list[torch.Tensor], offset: int, size: int) -> torch.Tensor:
-        """max_r max |h_r - h_0| over one parameter, in float64; ranks that agree bit for bit cost one compare."""
-        h0 = hooked[0][offset : offset + size]
-        spread = h0.new_zeros((), dtype=torch.float64)
-        for other in hooked[1:]:
-            theirs = other[offset : offset + size]
-            if torch.equal(theirs, h0):
-                continue
-            gap = self._buffer("gap", (self.n,), torch.float64)[:size].copy_(theirs)
-            gap.sub_(self._buffer("scratch", (self.n,), torch.float64)[:size].copy_(h0))
-            low, high = torch.aminmax(gap)
-            spread = torch.maximum(spread, torch.maximum(-low, high))
-        return spread
+    def _sums_to_rank0(self, mine: torch.Tensor | None) -> list[torch.Tensor] | None:
+        """Every share's sums on rank 0, in rank order (parameter order, as the shares are contiguous)."""
+        if mine is None or self.world_size == 1:
+            return None if mine is None else [mine]
+        if self.rank != 0:
+            dist.send(mine, dst=0)
+            return None
+        everyone = [mine]
+        works = []
+        for q, share in enumerate(self._shares[1:], start=1):
+            width = SUMS * (share.stop - share.first) + 2
+            everyone.append(self._buffer(f"sums{q}", (mine.shape[0], width), torch.float64))
+            works.append(dist.irecv(everyone[-1], src=q))
+        _wait(works)
+        return everyone
+
+    def _collect_last(self) -> None:
+        """The run's last measured step, every share of it, on rank 0 for :meth:`sample`."""
+        assert self._meter.last is not None
+        if self.world_size == 1:
+            self._last = self._meter.last
+            return
+        h, exact = self._meter.last
+        if self.rank != 0:
+            if h.numel():
+                _wait([dist.isend(h, dst=0), dist.isend(exact, dst=0)])
+            return
+        full_h = self._buffer("sample_h", (self.n,), h.dtype)
+        full_exact = self._buffer("sample_exact", (self.n,), torch.float64)
+        works = []
+        for q, share in enumerate(self._shares):
+            part_h, part_exact = full_h[share.start : share.end], full_exact[share.start : share.end]
+            if q == 0:
+                part_h.copy_(h)
+                part_exact.copy_(exact)
+            elif share.numel:
+                works += [dist.irecv(part_h, src=q), dist.irecv(part_exact, src=q)]
+        _wait(works)
+        self._last = (full_h, full_exact)
 
     def sample(self, layer: str | None = None) -> dict:
         """The last measured step's hook and exact gradient of one layer (default: the largest matrix)."""
@@ -306,28 +319,10 @@ class Probe:
         i = self.names.index(layer)
         h, exact = (t[self.offsets[i] : self.offsets[i] + self.sizes[i]] for t in self._last)
         shape = list(self.params[i].shape)
-        return {"layer": layer, "shape": shape, "hook": h.double().tolist(), "exact": exact.tolist()}
+        return {"layer": layer, "shape": shape, "hook": h.tolist(), "exact": exact.tolist()}
 
 
-def _max(values) -> float:
-    """The largest value; NaN if any is NaN (as torch's max)."""
-    values = list(values)
-    return math.nan if any(math.isnan(v) for v in values) else max(values, default=0.0)
-
-
-def _ratio(num: float, den: float) -> float:
-    return num / den if den > 0 else (0.0 if num == 0 else math.inf)
-
-
-def _errors(dd: float, ee: float, hh: float, max_abs: float) -> dict:
-    """rel_error, cosine and max_abs_error from d.d, e.e and h.h (d = h - e): h.e = (h.h + e.e - d.d) / 2.
-
-    Three dot products of a vector with itself, the cheapest pass there is; the cosine stays
-    accurate to a few units in the last place of its magnitudes.
-    """
-    denom = math.sqrt(hh) * math.sqrt(ee)
-    return {
-        "rel_error": _ratio(math.sqrt(dd), math.sqrt(ee)),
-        "cosine": (hh + ee - dd) / 2 / denom if denom > 0 else math.nan,
-        "max_abs_error": max_abs,
-    }
+def _wait(works) -> None:
+    for work in works:
+        if work is not None:
+            work.wait()
