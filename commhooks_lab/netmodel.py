@@ -10,7 +10,6 @@ builds without downloading anything) and *models* the network, with compression 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -29,7 +28,9 @@ ASSUMPTIONS = (
     "W-1 steps",
     "overlap: DDP starts each bucket's all-reduce during backward, so part of its time is hidden; the lab's "
     "compressing hooks wait for their collectives, so theirs is not. With overlap=0 the model hides nothing for "
-    "anyone, which favours compression; overlap=f hides a fraction f of the asynchronous hooks' communication",
+    "anyone, which favours compression; overlap=f hides a fraction f of the communication of PyTorch's all-reduce "
+    "and 16-bit hooks (ASYNCHRONOUS); PowerSGD, which chains its collectives and computes between them, is "
+    "charged in full",
     "compression work = cost per element x elements, with the costs passed in (measured on this CPU in notebook 8: "
     "a GPU's are far lower, which raises every break-even bandwidth in proportion)",
 )
@@ -380,17 +381,18 @@ def break_even(
 
 
 def _seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """Best of ``repeats`` (after a warm-up call): on a shared machine the fastest run is the least disturbed."""
     fn()  # warm-up: allocations, first-call dispatch
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 def compression_cost_per_element(
-    side: int = 1024, ranks: Sequence[int] = (1, 4), ratio: float = 0.01, repeats: int = 5, threads: int = 1
+    side: int = 1024, ranks: Sequence[int] = (1, 4), ratio: float = 0.01, repeats: int = 7, threads: int = 1
 ) -> dict[str, float]:
     """Seconds per gradient element of each hook's local work, timed here on a ``side`` x ``side`` matrix.
 
