@@ -53,12 +53,13 @@ def _row_dtype(params: list[torch.Tensor]) -> torch.dtype:
 class Probe:
     """Wraps a hook; records each step; :meth:`flush` compares the records with the exact mean.
 
-    Recording only copies tensors into a row per step: ``[loss (float64 bits) | block_0 | ... ]``
-    in the gradients' dtype, where ``block_q`` holds rank q's share of the local gradients, then
-    of the hook's. Measuring needs communication of its own, so rows wait and are measured
-    together, at the end of a run or whenever they reach ``flush_bytes``. Every rank must call
-    :meth:`flush` at the same points, which :meth:`should_flush` guarantees (same sizes on every
-    rank); a flush while :meth:`should_flush` is False is the run's last. Only rank 0 returns rows.
+    Recording only copies tensors into reused memory, one block per rank's share of the
+    parameters: ``block_q[step] = [local gradients | hook results]`` over share q (block 0 also
+    holds the loss's float64 bits), in the gradients' dtype. Measuring needs communication of its
+    own, so steps wait and are measured together, at the end of a run or whenever they reach
+    ``flush_bytes``. Every rank must call :meth:`flush` at the same points, which
+    :meth:`should_flush` guarantees (same sizes on every rank); a flush while :meth:`should_flush`
+    is False is the run's last. Only rank 0 returns rows.
     """
 
     def __init__(self, named_parameters, world_size: int, rank: int, measure: bool = True, flush_bytes: int = 32 << 20):
@@ -73,23 +74,20 @@ class Probe:
         self.counter = PayloadCounter.install()
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.dtype = _row_dtype(self.params)
-        self._k = 8 // self.dtype.itemsize  # row elements that hold the loss's float64 bits
+        self._k = 8 // self.dtype.itemsize  # elements that hold the loss's float64 bits
         self._shares = shares(self.sizes if measure else [0] * len(self.sizes), world_size)
-        width = self._k + 2 * self._shares[-1].end
-        self._width = -(-width // self._k) * self._k  # rows stay 8-byte aligned when stacked
-        # where each parameter's local gradient and hook result sit in a row
-        self._local_at, self._h_at = [], []
-        for share in self._shares:
-            block = self._k + 2 * share.start
+        self._owner, self._local_at, self._h_at = [], [], []  # where each parameter's copies go
+        self._widths = []
+        for q, share in enumerate(self._shares):
+            base = self._k if q == 0 else 0
             for i in range(share.first, share.stop):
-                self._local_at.append(block + self.offsets[i] - share.start)
-                self._h_at.append(block + share.numel + self.offsets[i] - share.start)
-        # the slice of a row each rank measures; rank 0's includes the loss
-        self._blocks = [
-            (0 if q == 0 else self._k + 2 * s.start, self._k + 2 * s.end) for q, s in enumerate(self._shares)
-        ]
+                self._owner.append(q)
+                self._local_at.append(base + self.offsets[i] - share.start)
+                self._h_at.append(base + share.numel + self.offsets[i] - share.start)
+            width = base + 2 * share.numel
+            self._widths.append(-(-width // self._k) * self._k)  # steps stay 8-byte aligned
+        self._step_bytes = sum(self._widths) * self.dtype.itemsize
         self._index = {id(p): i for i, p in enumerate(self.params)}
-        self._row: torch.Tensor | None = None
         self._seen: set[int] = set()
         self.bucket_of: dict[int, int] = {}  # parameter index -> bucket it travelled in, last step
         self.uncompressed_bytes = 0
@@ -99,6 +97,7 @@ class Probe:
         self._wire_start: int | None = None
         self._wire_gaps: list[float] = []
         self._scratch = Scratch(self, self.device)
+        self._capacity = max(1, -(-flush_bytes // self._step_bytes))  # steps a flush holds
         self._meter = ShareMeter(self._shares[rank], self.sizes, world_size, self._scratch)
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -129,22 +128,31 @@ class Probe:
         probed_hook.__wrapped__ = hook  # type: ignore[attr-defined]
         return probed_hook
 
-    def _take_row(self) -> torch.Tensor:
-        return self._scratch.take((self._width,), self.dtype)
+    def _block(self, q: int) -> torch.Tensor:
+        """Rank q's share of every step recorded since the last flush: (steps, width), reused."""
+        return self._buffer(f"block{q}", (self._capacity, self._widths[q]), self.dtype)
+
+    def _slot(self) -> int:
+        """The row of the blocks this step writes; doubles the blocks when a caller flushes late."""
+        slot = len(self.records)
+        if slot >= self._capacity:
+            old = [self._block(q).clone() for q in range(self.world_size)]
+            self._capacity *= 2
+            for q, rows in enumerate(old):
+                self._block(q)[: len(rows)].copy_(rows)
+        return slot
 
     def _record_local(self, bucket) -> None:
-        if self._row is None:
-            self._row = self._take_row()
-        row = self._row
+        slot = self._slot()
         for param, grad in zip(bucket.parameters(), bucket.gradients()):
             i = self._index[id(param)]
-            row[self._local_at[i] : self._local_at[i] + self.sizes[i]].copy_(grad.reshape(-1))
+            self._block(self._owner[i])[slot, self._local_at[i] : self._local_at[i] + self.sizes[i]].copy_(
+                grad.reshape(-1)
+            )
             self._seen.add(i)
             self.bucket_of[i] = bucket.index()
 
     def start_step(self) -> None:
-        if self._row is None:
-            self._row = self._take_row()
         self._seen.clear()
         self.uncompressed_bytes = 0
         self.buckets = 0
@@ -171,51 +179,45 @@ class Probe:
             "buckets": self.buckets,
             "compressing": bool(0 < payload < self.uncompressed_bytes),
         }
-        row = self._row if self._row is not None else self._take_row()
-        self._row = None
-        row[: self._k].view(torch.float64).copy_(loss.detach().reshape(1))
+        slot = self._slot()
+        self._block(0)[slot, : self._k].view(torch.float64).copy_(loss.detach().reshape(1))
         if self.measure_enabled:
             missing = [name for i, name in enumerate(self.names) if i not in self._seen]
             if missing:
-                self._scratch.give(row)
                 raise RuntimeError(f"the probe saw no gradient for {missing}: were these parameters unused?")
             record["_buckets"] = [self.bucket_of[i] for i in range(len(self.params))]
             for i, param in enumerate(self.params):
                 assert param.grad is not None  # every parameter was in a bucket
-                row[self._h_at[i] : self._h_at[i] + self.sizes[i]].copy_(param.grad.reshape(-1))
-        record["_row"] = row
+                at = self._h_at[i]
+                self._block(self._owner[i])[slot, at : at + self.sizes[i]].copy_(param.grad.reshape(-1))
         self.records.append(record)
         return record
 
     def should_flush(self) -> bool:
-        return len(self.records) * self._width * self.dtype.itemsize >= self.flush_bytes
+        return len(self.records) * self._step_bytes >= self.flush_bytes
 
     # -- after steps: measuring ---------------------------------------------------------------
 
-    def flush(self) -> tuple[list[dict], list[dict]]:
+    def flush(self, final: bool | None = None) -> tuple[list[dict], list[dict]]:
         """Measure every recorded step; on rank 0 return (step rows, layer rows), elsewhere ([], []).
 
-        Collective: every rank calls it at the same points.
+        Collective: every rank calls it at the same points. ``final``: the run is over, so the last
+        step's gradients come to rank 0 for :meth:`sample` (by default: when :meth:`should_flush`
+        did not ask for this flush, as a training loop only flushes early when it asks).
         """
-        final = not self.should_flush()
+        final = not self.should_flush() if final is None else final
         records, self.records = self.records, []
-        rows = [rec.pop("_row") for rec in records]
-        try:
-            out = self._measure_records(records, rows) if records else ([], [])
-            if final and self.measure_enabled and self._meter.last is not None:
-                self._collect_last()
-            return out
-        finally:
-            for row in rows:
-                self._scratch.give(row)
+        out = self._measure_records(records) if records else ([], [])
+        if self.measure_enabled and self._meter.last is not None and (final or self.world_size == 1):
+            self._collect_last()
+        return out
 
     def _buffer(self, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """A scratch tensor kept between flushes (and runs): large fresh allocations cost more than the arithmetic."""
         return self._scratch.named(name, shape, dtype)
 
-    def _measure_records(self, records: list[dict], rows: list[torch.Tensor]) -> tuple[list[dict], list[dict]]:
-        packed = rows[0].view(1, -1) if len(rows) == 1 else torch.stack(rows)
-        blocks = self._exchange(packed)
+    def _measure_records(self, records: list[dict]) -> tuple[list[dict], list[dict]]:
+        blocks = self._exchange(len(records))
         sums = None
         if self.measure_enabled:
             base, numel = (self._k if self.rank == 0 else 0), self._shares[self.rank].numel
@@ -248,23 +250,23 @@ class Probe:
         self.notes[:] = [n for n in self.notes if not n.startswith("wire_bytes:")] + ([note] if note else [])
         return steps, layers
 
-    def _exchange(self, packed: torch.Tensor) -> list[torch.Tensor]:
-        """Every rank's slice of the rows for this rank's share, in rank order (point-to-point)."""
-        low, high = self._blocks[self.rank]
+    def _exchange(self, steps: int) -> list[torch.Tensor]:
+        """Every rank's block for this rank's share, ``steps`` rows each, in rank order (point-to-point)."""
+        mine = self._block(self.rank)[:steps]
         if self.world_size == 1:
-            return [packed[:, low:high]]
-        sent, works = [], []
-        for q, (q_low, q_high) in enumerate(self._blocks):
-            if q != self.rank and q_high > q_low:
-                sent.append(packed[:, q_low:q_high].contiguous())
-                works.append(dist.isend(sent[-1], dst=q))
+            return [mine]
+        works = [
+            dist.isend(self._block(q)[:steps], dst=q)
+            for q in range(self.world_size)
+            if q != self.rank and self._widths[q]
+        ]
         blocks = []
         for r in range(self.world_size):
             if r == self.rank:
-                blocks.append(packed[:, low:high])
+                blocks.append(mine)
                 continue
-            blocks.append(self._buffer(f"from{r}", (packed.shape[0], high - low), packed.dtype))
-            if high > low:
+            blocks.append(self._buffer(f"from{r}", (self._capacity, self._widths[self.rank]), self.dtype)[:steps])
+            if self._widths[self.rank]:
                 works.append(dist.irecv(blocks[-1], src=r))
         _wait(works)
         return blocks
@@ -280,7 +282,7 @@ class Probe:
         works = []
         for q, share in enumerate(self._shares[1:], start=1):
             width = SUMS * (share.stop - share.first) + 2
-            everyone.append(self._buffer(f"sums{q}", (mine.shape[0], width), torch.float64))
+            everyone.append(self._buffer(f"sums{q}", (self._capacity, width), torch.float64)[: mine.shape[0]])
             works.append(dist.irecv(everyone[-1], src=q))
         _wait(works)
         return everyone

@@ -44,11 +44,11 @@ def halving_hook(state, bucket):
     return future
 
 
-def measure_steps(steps=3, flush_every=2):
+def measure_steps(steps=3, flush_every=2, flush_bytes=32 << 20):
     torch.manual_seed(0)
     cpu = torch.device("cpu")  # the driver's own tensors are real; only the probe's are under test
     model = torch.nn.Sequential(torch.nn.Linear(6, 4, device=cpu), torch.nn.Linear(4, 3, device=cpu))
-    probe = Probe(list(model.named_parameters()), world_size=1, rank=0)
+    probe = Probe(list(model.named_parameters()), world_size=1, rank=0, flush_bytes=flush_bytes)
     hook = probe.wrap(halving_hook)
     rows, layers = [], []
     for step in range(steps):
@@ -95,17 +95,20 @@ def test_the_metrics_are_those_of_the_definitions():
     assert rows[1]["cumulative_rel_error"] == pytest.approx(0.5)  # h = exact / 2 every step
 
 
+def test_steps_kept_past_flush_bytes_are_measured_the_same():
+    """A caller that flushes later than should_flush() asks grows the blocks; nothing is lost or reordered."""
+    assert measure_steps(steps=5, flush_every=9, flush_bytes=1) == measure_steps(steps=5, flush_every=1)
+
+
 def test_memory_is_reused_by_the_next_probe_of_the_same_model():
     """A fresh large tensor is page-faulted in on first touch; the next run in a warm rank reuses the last one's."""
     model = torch.nn.Linear(64, 32)
     first = Probe(list(model.named_parameters()), world_size=1, rank=0)
-    row = first._take_row()
-    pointer = row.data_ptr()
-    first._scratch.give(row)
-    del first, row
+    pointer = first._block(0).data_ptr()
+    del first
     gc.collect()
     second = Probe(list(model.named_parameters()), world_size=1, rank=0)
-    assert second._take_row().data_ptr() == pointer
+    assert second._block(0).data_ptr() == pointer
 
 
 def test_the_spare_memory_is_bounded():
