@@ -251,12 +251,15 @@ class Probe:
         return steps, layers
 
     def _exchange(self, steps: int) -> list[torch.Tensor]:
-        """Every rank's block for this rank's share, ``steps`` rows each, in rank order (point-to-point)."""
+        """Every rank's block for this rank's share, ``steps`` rows each, in rank order.
+
+        One batch of sends and receives: NCCL would deadlock on two ranks that both send first.
+        """
         mine = self._block(self.rank)[:steps]
         if self.world_size == 1:
             return [mine]
-        works = [
-            dist.isend(self._block(q)[:steps], dst=q)
+        ops = [
+            dist.P2POp(dist.isend, self._block(q)[:steps], q)
             for q in range(self.world_size)
             if q != self.rank and self._widths[q]
         ]
@@ -267,8 +270,9 @@ class Probe:
                 continue
             blocks.append(self._buffer(f"from{r}", (self._capacity, self._widths[self.rank]), self.dtype)[:steps])
             if self._widths[self.rank]:
-                works.append(dist.irecv(blocks[-1], src=r))
-        _wait(works)
+                ops.append(dist.P2POp(dist.irecv, blocks[-1], r))
+        if ops:
+            _wait(dist.batch_isend_irecv(ops))
         return blocks
 
     def _sums_to_rank0(self, mine: torch.Tensor | None) -> list[torch.Tensor] | None:
