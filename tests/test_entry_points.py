@@ -1,6 +1,7 @@
 """The ways in: a function from a notebook cell, the CLI, and torchrun on a real cluster."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -142,7 +143,10 @@ def test_a_script_without_a_main_guard_is_told_the_two_line_fix(tmp_path):
     out = _run([sys.executable, str(script)], timeout=60, cwd=tmp_path)
     elapsed = time.monotonic() - start
     assert out.returncode == 1
-    assert "commhooks_lab.launcher.errors.WorkerError: rank 0 exited with code 1 while starting" in out.stderr
+    # Every rank dies the same way; the first to go is named (on a busy machine not always rank 0).
+    assert re.search(
+        r"WorkerError: rank \d exited with code 1 while starting, before it could run your code", out.stderr
+    )
     assert "every rank first imports the script you ran" in out.stderr
     fix = 'if __name__ == "__main__":\n        result = lab.run(hook="fp16", steps=3)\n'
     assert fix in out.stderr  # the user's own line, under the guard

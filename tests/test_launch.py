@@ -10,7 +10,7 @@ import _workers
 import psutil
 import pytest
 
-from commhooks_lab import WorkerError, WorkerTimeoutError, launch
+from commhooks_lab import Cluster, WorkerError, WorkerTimeoutError, launch
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -71,10 +71,12 @@ def test_a_rank_that_skips_a_collective_times_out_and_is_named():
 
 
 def test_a_hang_outside_collectives_hits_the_wall_clock_watchdog():
-    start = time.monotonic()
-    with pytest.raises(WorkerTimeoutError, match=r"within timeout_s=2 s"):
-        launch(_workers.sleep_forever, world_size=2, timeout_s=2)
-    assert 2 <= time.monotonic() - start < 2 + 8  # watchdog margin and teardown included
+    with Cluster(world_size=2, timeout_s=2) as cluster:  # started: only the watchdog is timed
+        start = time.monotonic()
+        with pytest.raises(WorkerTimeoutError, match=r"within timeout_s=2 s"):
+            cluster.run(_workers.sleep_forever)
+        elapsed = time.monotonic() - start
+    assert 2 <= elapsed < 2 + 12  # the watchdog's margin and the teardown included
 
 
 def test_an_unpicklable_return_value_is_an_error_not_a_hang():
@@ -231,6 +233,9 @@ def test_a_run_in_which_a_rank_never_joins_the_hooks_collective_names_it(stall_e
 
 
 def test_heartbeats_extend_the_timeout_of_a_long_run():
-    # Eight steps of 0.5 s each: longer than timeout_s=2 in all, never silent for 2 s.
-    rows = launch(_launcher_workers.beat_slowly, 8, 0.5, world_size=2, timeout_s=2)
-    assert rows == [8, 8]
+    from commhooks_lab.launcher.cluster import WATCHDOG_MARGIN_S
+
+    steps, seconds, timeout_s = 12, 0.75, 2
+    assert steps * seconds > timeout_s + WATCHDOG_MARGIN_S + seconds  # longer than any deadline without beats
+    rows = launch(_launcher_workers.beat_slowly, steps, seconds, world_size=2, timeout_s=timeout_s)
+    assert rows == [steps, steps]

@@ -18,6 +18,7 @@ def test_a_rank_behind_is_reported_every_interval_until_it_catches_up():
     watch.beat(0, 3, now=101.0)
     watch.beat(2, 3, now=101.5)
     assert watch.behind() == [1]
+    assert watch.longest_step_s == 1.5  # rank 2's step 2: the watchdog waits this much longer
     assert watch.stall_message(105.0, every_s=10, timeout_s=30) is None
     first = watch.stall_message(111.0, every_s=10, timeout_s=30)
     assert first.startswith("commhooks_lab: rank 1 has not reached step 3 for 10 s (ranks [0, 2] did, and waits)")

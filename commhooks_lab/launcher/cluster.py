@@ -37,9 +37,10 @@ EventCallback = Callable[[int, dict], None]
 #: How long to keep listening after the first failure, so the root cause wins over echoes
 #: (a peer's "connection closed" error usually follows the real failure by milliseconds).
 FAILURE_GRACE_S = 0.5
-#: The wall-clock watchdog fires this long after ``timeout_s``, so that the process group's own
-#: timeout (``timeout_s``) reports first and can name the rank that never joined a collective.
-WATCHDOG_MARGIN_S = 2.0
+#: The wall-clock watchdog fires this long after ``timeout_s`` (plus the longest step seen: a
+#: step's collective starts that long after its heartbeat), so that the process group's own
+#: timeout reports first and the rank that never joined a collective can be named.
+WATCHDOG_MARGIN_S = 5.0
 #: How long ranks get to leave after ``stop`` before they are terminated.
 SHUTDOWN_GRACE_S = 5.0
 #: Starting ranks (``import torch`` in each, on a busy laptop) may take longer than a short lesson timeout.
@@ -363,7 +364,7 @@ class Cluster:
         while pending:
             now = time.monotonic()
             # A rank that shows progress (heartbeats, events) keeps the run alive: timeout_s bounds silence.
-            deadline = last_sign_of_life + timeout_s + WATCHDOG_MARGIN_S
+            deadline = last_sign_of_life + timeout_s + WATCHDOG_MARGIN_S + watch.longest_step_s
             if failures:
                 grace_until = grace_until or now + FAILURE_GRACE_S
                 if now >= grace_until:

@@ -32,6 +32,7 @@ class StepWatch:
         self.reached: dict[int, int] = {}
         self.since: dict[int, float] = {}  # when each rank reached its step
         self.returned: set[int] = set()
+        self.longest_step_s = 0.0  # between two heartbeats of one rank
         self._warned_for: tuple | None = None
         self._warnings = 0
 
@@ -42,6 +43,8 @@ class StepWatch:
 
     def beat(self, rank: int, step: int, now: float) -> None:
         if self.reached.get(rank) != step:
+            if rank in self.since:
+                self.longest_step_s = max(self.longest_step_s, now - self.since[rank])
             self.reached[rank] = step
             self.since[rank] = now
 
