@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import session_members, wait_gone
 
 from commhooks_lab.launcher.cluster import child_environment
 from commhooks_lab.launcher.options import max_local_world_size
@@ -54,6 +55,9 @@ def _two_agents(target: list[str], timeout: float = 150) -> list[subprocess.Comp
             if agent.poll() is None:
                 os.killpg(agent.pid, signal.SIGKILL)
                 agent.communicate()
+    for agent in agents:  # the ranks too, even those an agent left orphaned
+        left = wait_gone(session_members(agent.pid), timeout_s=5)
+        assert not left, f"torchrun node left processes behind: {sorted(left)}"
     return outputs
 
 
