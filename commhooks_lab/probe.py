@@ -19,11 +19,12 @@ h = the gradient the hook leaves in ``param.grad``):
 - ``rank_spread`` = max over parameters of max |h_r - h_0|: 0 is DDP's invariant
 - ``cumulative_rel_error`` = ||sum_t (h_t - exact_t)|| / ||sum_t exact_t||
 
-Cost, as models grow: each step writes its local and hook gradients into one reused row (the
-gradients' own dtype: exact, and no fresh memory to fault in). A flush sends every rank the
-rows' slice for its share of the parameters (point-to-point: gloo's gather is several times
-slower), each rank measures its share in float64 (:mod:`commhooks_lab.measure`), and rank 0
-receives five sums per parameter and step. Work and bytes are split W ways.
+Cost, as models grow: each step copies its local and hook gradients into reused blocks, one
+per rank's share of the parameters (in the gradients' own dtype: exact, and no fresh memory to
+fault in). A flush hands each rank every rank's block of its share (one batch of point-to-point
+sends; gloo's gather is several times slower), each rank measures its share in float64
+(:mod:`commhooks_lab.measure`), and rank 0 receives five sums per parameter and step: the work
+and the bytes are split W ways. ``python bench/probe.py`` prints what it costs per model size.
 """
 
 from __future__ import annotations
@@ -146,9 +147,8 @@ class Probe:
         slot = self._slot()
         for param, grad in zip(bucket.parameters(), bucket.gradients()):
             i = self._index[id(param)]
-            self._block(self._owner[i])[slot, self._local_at[i] : self._local_at[i] + self.sizes[i]].copy_(
-                grad.reshape(-1)
-            )
+            at = self._local_at[i]
+            self._block(self._owner[i])[slot, at : at + self.sizes[i]].copy_(grad.reshape(-1))
             self._seen.add(i)
             self.bucket_of[i] = bucket.index()
 
