@@ -32,6 +32,8 @@ def report_from_a_callback_and_the_main_thread(ctx, n, size):
             ctx.report(source="callback", i=i, blob=blob, thread=threading.get_ident())
         return fut.value()
 
+    if ctx.rank == 1:
+        time.sleep(1.0)  # rank 0's collective cannot finish before its callback is attached: gloo runs it
     done = dist.all_reduce(torch.ones(1), async_op=True).get_future().then(callback)
     assert in_callback.wait(30), "the collective's callback never ran"
     for i in range(n):
