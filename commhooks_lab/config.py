@@ -19,7 +19,7 @@ from .launcher.options import DEFAULT_TIMEOUT_S, check_common_options, check_lau
 from .models import resolve_task_factory
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
-APIS = ("torch", "accelerate")
+APIS = ("torch", "accelerate", "fsdp2")
 
 
 def _positive(name: str, value, kind=numbers.Real) -> None:
@@ -91,11 +91,13 @@ class ExperimentConfig:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
         if self.api not in APIS:
             raise ValueError(
-                f"unknown api {self.api!r}; choose 'torch' (register_comm_hook) or 'accelerate' "
-                "(DistributedDataParallelKwargs)"
+                f"unknown api {self.api!r}; choose 'torch' (register_comm_hook), 'accelerate' "
+                "(DistributedDataParallelKwargs) or 'fsdp2' (fully_shard, reduce_dtype named by the hook)"
             )
         if self.api == "accelerate":
             _check_accelerate(choice)
+        if self.api == "fsdp2":
+            _check_fsdp2(choice)
         return choice
 
     @property
@@ -120,6 +122,16 @@ class ExperimentConfig:
             out[f.name] = value
         out.pop("probe")
         return out
+
+
+def _check_fsdp2(choice: HookChoice) -> None:
+    from .fsdp2 import REDUCE_DTYPES
+
+    if choice.entry is None or choice.entry.name not in REDUCE_DTYPES or choice.wrapper != "no" or choice.options:
+        raise ValueError(
+            f"api='fsdp2' takes hook in {sorted(REDUCE_DTYPES)}: the dtype FSDP2 reduces gradients in "
+            f"(MixedPrecisionPolicy(reduce_dtype=...)), no wrapper and no state_options; got {choice.name}"
+        )
 
 
 def _check_accelerate(choice: HookChoice) -> None:

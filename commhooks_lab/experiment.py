@@ -8,6 +8,7 @@ from typing import Any
 
 from ._compat import power_sgd_defaults
 from .config import ExperimentConfig
+from .fsdp2 import fsdp2_job
 from .hooks import HookChoice
 from .launcher import Cluster, launch
 from .rank_job import run_experiment
@@ -80,9 +81,10 @@ class _Progress:
 
 
 def _run_checked(config: ExperimentConfig, choice: HookChoice, cluster: Cluster | None, progress: _Progress) -> Result:
+    worker = fsdp2_job if config.api == "fsdp2" else run_experiment
     if cluster is None:
         ranks = launch(
-            run_experiment,
+            worker,
             config,
             choice,
             world_size=config.world_size,
@@ -96,7 +98,7 @@ def _run_checked(config: ExperimentConfig, choice: HookChoice, cluster: Cluster 
                 f"this Cluster has {cluster.world_size} ranks but the config asks for "
                 f"world_size={config.world_size}; make the Cluster with world_size={config.world_size}"
             )
-        ranks = cluster.run(run_experiment, config, choice, timeout_s=config.timeout_s, on_event=progress.event)
+        ranks = cluster.run(worker, config, choice, timeout_s=config.timeout_s, on_event=progress.event)
     return assemble_result(config, choice, ranks, cluster.start_method if cluster is not None else "spawn")
 
 
