@@ -124,12 +124,14 @@ class ExperimentConfig:
         return out
 
 
-def _check_fsdp2(choice: HookChoice) -> None:
-    from .fsdp2 import REDUCE_DTYPES
+#: The DDP hook names api='fsdp2' maps to a reduce_dtype (commhooks_lab.fsdp2.REDUCE_DTYPES).
+FSDP2_HOOKS = ("allreduce", "fp16", "bf16")
 
-    if choice.entry is None or choice.entry.name not in REDUCE_DTYPES or choice.wrapper != "no" or choice.options:
+
+def _check_fsdp2(choice: HookChoice) -> None:
+    if choice.entry is None or choice.entry.name not in FSDP2_HOOKS or choice.wrapper != "no" or choice.options:
         raise ValueError(
-            f"api='fsdp2' takes hook in {sorted(REDUCE_DTYPES)}: the dtype FSDP2 reduces gradients in "
+            f"api='fsdp2' takes hook in {list(FSDP2_HOOKS)}: the dtype FSDP2 reduces gradients in "
             f"(MixedPrecisionPolicy(reduce_dtype=...)), no wrapper and no state_options; got {choice.name}"
         )
 

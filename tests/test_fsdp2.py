@@ -42,6 +42,13 @@ def test_fsdp2_moves_other_bytes_than_ddp_and_says_why(side_by_side):
     assert any("reduce-scattered" in n for n in fsdp2.by_name("fp16").notes)
 
 
+def test_the_config_offers_exactly_the_reduce_dtypes_the_worker_knows():
+    from commhooks_lab.config import FSDP2_HOOKS
+    from commhooks_lab.fsdp2 import REDUCE_DTYPES
+
+    assert set(FSDP2_HOOKS) == set(REDUCE_DTYPES)
+
+
 def test_fsdp2_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="api='fsdp2' takes hook in"):
         lab.ExperimentConfig(api="fsdp2", hook="power_sgd", state_options={"start_powerSGD_iter": 2}).check()
