@@ -76,14 +76,14 @@ def available_hooks():
             }
         )
     for name, outcome in tried.items():
-        if outcome.get("pytorch_only"):
+        if outcome.get("pytorch_only") or outcome.get("fsdp2"):
             rows.append(
                 {
-                    "kind": "pytorch (not in the lab)",
+                    "kind": "fsdp2 hook point" if outcome.get("fsdp2") else "pytorch (not in the lab)",
                     "name": name,
                     "runs_here": outcome["runs"],
                     "what_it_does": outcome["what"],
-                    "needs": "",
+                    "needs": outcome.get("needs", ""),
                     "accelerate": "",
                     "note": outcome["note"],
                 }
@@ -272,6 +272,72 @@ def _pytorch_only() -> dict[str, dict]:
     return out
 
 
+def _fsdp2_hook_points() -> dict[str, dict]:
+    """FSDP2's places to change gradient communication, each tried on a sharded model for one step."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    def sharded(**policy):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+        for layer in model:
+            fully_shard(layer, mp_policy=MixedPrecisionPolicy(**policy))
+        return fully_shard(model, mp_policy=MixedPrecisionPolicy(**policy))
+
+    def step(model) -> None:
+        model(torch.randn(4, 8)).sum().backward()
+
+    def configured(setter: Callable[[Any], Any], **policy: Any) -> Callable[[], None]:
+        def run() -> None:
+            model = sharded(**policy)
+            setter(model)
+            step(model)
+
+        return run
+
+    def unchanged(model: Any) -> None:
+        pass
+
+    points = {
+        "MixedPrecisionPolicy(reduce_dtype=bfloat16)": (
+            "reduce gradients in 16 bits: DDP's bf16 hook's counterpart (api='fsdp2', hook='bf16')",
+            configured(unchanged, reduce_dtype=torch.bfloat16),
+            "",
+        ),
+        "set_gradient_divide_factor": (
+            "divide the reduced gradients by another factor than W",
+            configured(lambda m: m.set_gradient_divide_factor(4.0)),
+            "",
+        ),
+        "set_force_sum_reduction_for_comms": (
+            "reduce with SUM only, scaling before or after (NCCL's zero-copy collectives need it)",
+            configured(lambda m: m.set_force_sum_reduction_for_comms(True)),
+            "",
+        ),
+        "set_all_reduce_hook": (
+            "a function called on the reduce-scatter output (HSDP: on the all-reduce output)",
+            configured(lambda m: m.set_all_reduce_hook(lambda output: None)),
+            "",
+        ),
+        "set_custom_reduce_scatter": (
+            "replace the reduce-scatter itself (a ReduceScatter comm object; one param group only)",
+            configured(lambda m: m.set_custom_reduce_scatter),
+            "present on this build; the lab does not exercise a custom reduce-scatter yet",
+        ),
+    }
+    out = {}
+    for name, (what, fn, why) in points.items():
+        error = _try(fn)
+        out[name] = {
+            "runs": error is None,
+            "note": error or why,
+            "what": what,
+            "fsdp2": True,
+            "needs": "torch >= 2.6 (FSDP2, fully_shard); any backend",
+        }
+    return out
+
+
 def main() -> None:
     import logging
     import warnings
@@ -291,6 +357,7 @@ def main() -> None:
         except Exception as exc:  # building it failed: that is the answer
             out[key] = {"runs": False, "note": root_error(exc)}
     out.update(_pytorch_only())
+    out.update(_fsdp2_hook_points())
     sys.stdout.write(json.dumps(out) + "\n")
     sys.stdout.flush()
     os._exit(0)  # skip gloo's teardown: results are out

@@ -407,5 +407,52 @@ def _register_compressors() -> None:
         register(_compressor_entry(name, summary, make, parameter))
 
 
+def _build_wire16(attribute: str) -> Builder:
+    def build(options: dict, process_group: Any) -> tuple:
+        import torch
+
+        from . import low_precision_hooks
+
+        dtype = getattr(torch, options.get("dtype", "bfloat16"))
+        return getattr(low_precision_hooks, attribute), low_precision_hooks.Wire16State(dtype, process_group)
+
+    return build
+
+
+def _check_wire16_dtype(options: dict) -> None:
+    if options.get("dtype", "bfloat16") not in ("bfloat16", "float16"):
+        raise ValueError(f"dtype must be 'bfloat16' or 'float16' (the format on the wire), got {options['dtype']!r}")
+
+
+def _dtype_run_name(name: str) -> Callable[[dict], str]:
+    def run_name(options: dict) -> str:
+        return f"{name} {options.get('dtype', 'bfloat16')}"
+
+    return run_name
+
+
+def _register_low_precision_hooks() -> None:
+    for name, attribute, summary in (
+        ("ring16", "ring_hook", "the bf16/fp16 hook's arithmetic summed hop by hop on a ring, as NCCL rounds it"),
+        (
+            "wire16_sum32",
+            "wire16_sum32_hook",
+            "16-bit values on the wire, float32 sums: the ring's bytes, an error that stays flat as ranks are added",
+        ),
+    ):
+        register(
+            HookEntry(
+                name,
+                HOOK,
+                summary,
+                build=_build_wire16(attribute),
+                defaults=lambda: {"dtype": "bfloat16"},
+                check=_check_wire16_dtype,
+                run_name=_dtype_run_name(name),
+            )
+        )
+
+
 _register_pytorch_hooks()
+_register_low_precision_hooks()
 _register_compressors()

@@ -65,3 +65,22 @@ def test_wire16_sum32_moves_the_bytes_of_a_bf16_all_reduce():
 def test_unknown_method_is_refused():
     with pytest.raises(ValueError, match="unknown method"):
         scaling.reduce_16bit(torch.zeros(2, 4), torch.bfloat16, "tree")
+
+
+def test_the_registry_offers_the_new_hooks_and_fsdp2s_hook_points():
+    table = lab.available_hooks().set_index("name")
+    for name in ("ring16", "wire16_sum32"):
+        assert table.loc[name, "kind"] == "hook" and table.loc[name, "runs_here"]
+    points = table[table["kind"] == "fsdp2 hook point"]
+    assert {
+        "MixedPrecisionPolicy(reduce_dtype=bfloat16)",
+        "set_gradient_divide_factor",
+        "set_all_reduce_hook",
+        "set_force_sum_reduction_for_comms",
+        "set_custom_reduce_scatter",
+    } <= set(points.index)
+    assert points["runs_here"].all() and (points["needs"] != "").all()
+    wire = lab.run(hook="wire16_sum32", state_options={"dtype": "float16"}, steps=1)
+    assert wire.name == "wire16_sum32 float16" and 0 < wire.steps["rel_error"].iloc[0] <= 2**-10
+    with pytest.raises(ValueError, match="'bfloat16' or 'float16'"):
+        lab.ExperimentConfig(hook="ring16", state_options={"dtype": "float32"}).check()
