@@ -1,14 +1,14 @@
 """What does measuring cost as models grow? Step and run time with the probe's measurement on vs off.
 
-One warm Cluster; for each model size (the digits MLP, the digits CNN, an 11.2M-parameter
-CIFAR-style ResNet-18 defined below with torch only) and each hook, runs with ``measure=True``
-and ``measure=False`` alternate ``--repeats`` times, so machine noise hits both alike.
-A step's time covers forward, backward (the hook and the probe's copies) and the optimizer
-step; the float64 comparison runs batched after steps, so the whole run's wall time is
-printed too. Prints medians and on/off ratios (targets at ~11M parameters: <= 1.5x per step,
-<= 2x per run).
+One warm Cluster; a model-size axis (the digits MLP and CNN, ~10k parameters; a 1.05M MLP; an
+11.2M-parameter CIFAR-style ResNet-18; the last two defined below with torch only). For each model
+and hook, runs with ``measure=True`` and ``measure=False`` alternate ``--repeats`` times, so machine
+noise hits both alike. A step's time covers forward, backward (the hook and the probe's copies) and
+the optimizer step; the float64 comparison runs batched after steps, so the whole run's wall time is
+printed too. Prints medians and on/off ratios (targets at ~11M parameters: <= 1.5x per step, <= 2x
+per run).
 
-    python bench/probe.py [--repeats 3] [--models mlp cnn resnet18] [--world-size 2]
+    python bench/probe.py [--repeats 3] [--models mlp cnn mlp1m resnet18] [--world-size 2]
 """
 
 from __future__ import annotations
@@ -59,11 +59,23 @@ def resnet18_task(seed: int = 0) -> Task:
     return Task(nn.Sequential(*layers), data, None, "cross_entropy", "CIFAR-style ResNet-18, random data")
 
 
+def wide_mlp_task(seed: int = 0) -> Task:
+    """A 1.05M-parameter MLP 512-1024-512-10 on 512 seeded random inputs: the middle of the size axis."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10))
+    gen = torch.Generator().manual_seed(seed + 1)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(512, 512, generator=gen), torch.randint(0, 10, (512,), generator=gen)
+    )
+    return Task(model, data, None, "cross_entropy", "MLP 512-1024-512-10, random data")
+
+
 #: model axis: (label, model, steps, batch size per rank, hooks). Big models run fewer hooks and steps.
 POWER_SGD_R2 = {"hook": "power_sgd", "state_options": {"matrix_approximation_rank": 2, "start_powerSGD_iter": 2}}
 MODELS = {
     "mlp": ("mlp", 20, 32, DEFAULT_COMPARISON),
     "cnn": ("cnn", 20, 32, DEFAULT_COMPARISON),
+    "mlp1m": (wide_mlp_task, 10, 32, ["allreduce", "fp16", POWER_SGD_R2]),
     "resnet18": (resnet18_task, 6, 4, ["allreduce", POWER_SGD_R2]),
 }
 
