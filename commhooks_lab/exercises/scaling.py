@@ -47,17 +47,18 @@ def _verify_wire16(fn, cluster, steps: int) -> str | None:
     a, b = mine.steps, theirs.steps
     if (a["rank_spread"] != 0).any():
         return "the ranks disagree after your hook: every rank must end with the same summed pieces."
-    if (a["ring_bytes"] != b["ring_bytes"]).any():
+    if (a["payload_bytes"] != b["payload_bytes"]).any():
         return (
-            f"your hook puts {a['ring_bytes'].iloc[-1]:.0f} B on the busiest link, the design "
-            f"{b['ring_bytes'].iloc[-1]:.0f} B: send 16-bit values (state.dtype), one all-to-all and one "
-            "all-gather of equal pieces."
+            f"your hook hands {a['payload_bytes'].iloc[-1]:.0f} B per step to collectives, the design "
+            f"{b['payload_bytes'].iloc[-1]:.0f} B: one all-to-all of the whole bucket in state.dtype (padded to "
+            "W equal pieces), then one all-gather of your summed piece."
         )
     differs = (a["rel_error"] - b["rel_error"]).abs() > 1e-6 * b["rel_error"].abs()
     if differs.any():
+        yours, design = a["rel_error"].iloc[0], b["rel_error"].iloc[0]
         return (
-            f"same bytes, other rounding (rel_error {a['rel_error'].iloc[0]:.4g} vs {b['rel_error'].iloc[0]:.4g} at "
-            "step 0): divide by W in float32 before the cast, and add the received pieces in float32."
+            f"same bytes, other rounding (rel_error {yours:.4g} vs {design:.4g} at step 0): divide by W in "
+            "float32 before the cast, and add the received pieces in float32."
         )
     return None
 
