@@ -255,7 +255,8 @@ def test_load_refuses_other_files(tmp_path):
 def test_available_hooks_says_what_runs_here_and_why_not():
     table = lab.available_hooks()
     hooks = table[table["kind"] == "hook"].set_index("name")
-    assert list(hooks.index) == ["no", "allreduce", "fp16", "bf16", "power_sgd", "batched_power_sgd", "noop"]
+    pytorch_s = ["no", "allreduce", "fp16", "bf16", "power_sgd", "batched_power_sgd", "noop"]
+    assert list(hooks.index) == pytorch_s + ["ring16", "wire16_sum32"]  # PyTorch's, then the lab's own
     assert hooks["runs_here"].all()
     # the notes quote what trying each one on this machine raised, not a typed guess
     assert "TypeError: BF16 all reduce communication hook required CUDA 11+" in hooks.loc["bf16", "note"]
