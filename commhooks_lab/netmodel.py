@@ -64,11 +64,11 @@ def bucket_count(shapes: Sequence[Shape], bucket_cap_mb: float | None = None) ->
     return count + (size > 0)
 
 
-def _power_sgd_elements(shape: Shape, rank: int, min_compression_rate: float) -> int:
+def _power_sgd_elements(shape: Shape, matrix_rank: int, min_compression_rate: float) -> int:
     """Elements PowerSGD all-reduces for one tensor (``_should_compress`` in powerSGD_hook.py)."""
     rows = shape[0] if shape else 1
     cols = _numel(shape) // rows
-    r = min(rows, cols, rank)
+    r = min(rows, cols, matrix_rank)
     compressed = (rows + cols) * r
     return compressed if compressed * min_compression_rate < rows * cols else rows * cols
 
@@ -103,10 +103,10 @@ def rule_traffic(shapes: Sequence[Shape], hook: str, buckets: int | None = None,
     if hook in ("fp16", "bf16"):
         return allreduce(2 * n, buckets)
     if hook == "power_sgd":
-        rank = options.get("matrix_approximation_rank", 1)
+        matrix_rank = options.get("matrix_approximation_rank", 1)
         rate = options.get("min_compression_rate", 2.0)
         # per bucket: the uncompressed tensors, then all Ps, then all Qs: three all-reduces
-        return allreduce(4 * sum(_power_sgd_elements(s, rank, rate) for s in shapes), 3 * buckets)
+        return allreduce(4 * sum(_power_sgd_elements(s, matrix_rank, rate) for s in shapes), 3 * buckets)
     if hook == "randomk":
         return allreduce(4 * sum(max(1, min(_numel(s), math.ceil(ratio * _numel(s)))) for s in shapes), buckets)
     gathered: dict[str, Callable[[Shape], int]] = {
@@ -392,7 +392,11 @@ def _seconds(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def compression_cost_per_element(
-    side: int = 1024, ranks: Sequence[int] = (1, 4), ratio: float = 0.01, repeats: int = 7, threads: int = 1
+    side: int = 1024,
+    matrix_ranks: Sequence[int] = (1, 4),
+    ratio: float = 0.01,
+    repeats: int = 7,
+    threads: int = 1,
 ) -> dict[str, float]:
     """Seconds per gradient element of each hook's local work, timed here on a ``side`` x ``side`` matrix.
 
@@ -457,7 +461,7 @@ def compression_cost_per_element(
             _ = flat - decoded
 
         jobs: dict[str, Callable[[], None]] = {"fp16": fp16}
-        jobs.update({f"power_sgd r{r}": power_sgd(r) for r in ranks})
+        jobs.update({f"power_sgd r{r}": power_sgd(r) for r in matrix_ranks})
         jobs.update({f"topk {ratio:.0%} + EF": topk, "sign + EF": sign})
         return {name: _seconds(job, repeats) / n for name, job in jobs.items()}
     finally:
