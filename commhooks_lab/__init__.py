@@ -46,6 +46,9 @@ _SUBMODULES = (
     "models",
     "probe",
     "result",
+    "scaling",
+    "doctor",
+    "testing",
 )
 
 

@@ -123,3 +123,32 @@ def precision_vs_world_size(
             row["bound"] = worst_case_bound(grads, dtype)
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def plot_precision(table, dtype: str = "bfloat16"):
+    """Error against world size for one dtype: the ring grows, float32 sums stay near the floor."""
+    import matplotlib.pyplot as plt
+
+    rows = table[table["dtype"] == dtype].set_index("world_size")
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    styles = {
+        "ring": ("ring all-reduce in " + dtype + " (NCCL's rounding order)", "o-"),
+        "wire16_sum32": (dtype + " on the wire, float32 sums", "s-"),
+        "one_rounding": ("floor: the exact mean rounded once", "k--"),
+        "bound": ("worst case for the ring, gamma_(W+1) x cancellation", "k:"),
+    }
+    for column, (label, style) in styles.items():
+        ax.plot(rows.index, rows[column], style, label=label)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="world size W (ranks)",
+        ylabel="rel_error of the mean gradient",
+        title=f"{dtype}: the ring's error grows with W; summing in float32 keeps it near one rounding",
+    )
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xticks(list(rows.index), [str(w) for w in rows.index])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.legend(fontsize=8, loc="upper left")
+    return fig
