@@ -64,5 +64,5 @@ def setup_accelerate_ddp(ctx, config, task, probe: Probe, choice: HookChoice) ->
         model, optimizer, loader = accelerator.prepare(task.model, optimizer, loader)
     if not seen:  # comm_hook=NO: Accelerate registered nothing; measure DDP's allreduce as the torch path does
         register_probed(model, probe, None, None, ctx, config)
-    notes = hook_notes(config, choice, seen.get("hook"), seen.get("refusal"))
-    return Setup(model, optimizer, seen.get("state"), notes, accelerator.backward, endless(loader))
+    probe.notes.extend(hook_notes(config, choice, seen.get("hook"), seen.get("refusal")))  # the probe adds its own
+    return Setup(model, optimizer, seen.get("state"), probe.notes, accelerator.backward, endless(loader))

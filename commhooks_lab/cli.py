@@ -13,6 +13,12 @@ from pathlib import Path
 from .launcher.torchrun import launch_from_env, under_torchrun
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import main as doctor_main
+
+    return doctor_main()
+
+
 def _selfcheck(args: argparse.Namespace) -> int:
     from .launcher.allreduce_check import allreduce_rank_plus_one, selfcheck, summarize
 
@@ -171,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--world-size", type=int, default=2)
     check.add_argument("--start-method", default="spawn")
     check.set_defaults(func=_selfcheck)
+    doctor = sub.add_parser("doctor", help="preflight a workshop laptop: a pass/fail table with what to do")
+    doctor.set_defaults(func=_doctor)
     return parser
 
 

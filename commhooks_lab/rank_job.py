@@ -53,8 +53,8 @@ def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = No
     loss_fn = task.loss_fn()
     steps, layers = [], []
 
-    def flush() -> None:
-        step_rows, layer_rows = probe.flush()
+    def flush(final: bool = False) -> None:
+        step_rows, layer_rows = probe.flush(final=final)
         steps.extend(step_rows)
         layers.extend(layer_rows)
 
@@ -75,7 +75,7 @@ def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = No
             flush()
         if ctx.is_main:
             ctx.report(step=step + 1, steps=config.steps, loss_rank0=loss.item())
-    flush()
+    flush(final=True)  # the last step's gradients go to rank 0 for the sample
     digest = param_digest(task.model)
     if not ctx.is_main:
         return {"rank": ctx.rank, "param_digest": digest}

@@ -61,3 +61,12 @@ def test_missing_nbval_and_a_crashing_check_are_failures_not_crashes(monkeypatch
     assert doctor.main() == 1
     out = capsys.readouterr().out
     assert "pip install nbval" in out and "RuntimeError: boom" in out and "2 of 3 checks failed" in out
+
+
+def test_doctor_is_a_command():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "commhooks_lab", "doctor"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all 11 checks passed" in out.stdout
