@@ -36,7 +36,12 @@ CHROMIUM_ARGS = [
     "--disable-quic",
 ]
 SETTINGS = {  # what a fresh JupyterLab would otherwise stop to ask, or fetch from the network
-    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"autoStartDefaultKernel": True},
+    # windowingMode "none": JupyterLab 4.6 renders (and so runs) cells lazily in its windowed mode, which left
+    # the last cells of a long notebook unexecuted by Run All in a headless browser.
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {
+        "autoStartDefaultKernel": True,
+        "windowingMode": "none",
+    },
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
 }
 
