@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import math
-import platform
 import time
 
 import torch
@@ -62,7 +61,7 @@ def fsdp2_job(ctx, config, choice=None) -> dict:
     from .ddp_setup import make_optimizer
     from .models import build_task
     from .payload import PayloadCounter
-    from .rank_job import accuracy, param_digest
+    from .rank_job import accuracy, param_digest, run_environment
 
     hook = config.hook if isinstance(config.hook, str) else ""
     if hook not in REDUCE_DTYPES:
@@ -139,13 +138,5 @@ def fsdp2_job(ctx, config, choice=None) -> dict:
             "loss": steps[-1]["loss"],
             "accuracy": final_accuracy,
         },
-        "env": {
-            "torch": torch.__version__,
-            "backend": ctx.backend,
-            "world_size": ctx.world_size,
-            "python": platform.python_version(),
-            "device": str(ctx.device),
-            "task": task.description,
-            "api": "fsdp2",
-        },
+        "env": {**run_environment(ctx, task), "api": "fsdp2"},
     }

@@ -90,14 +90,19 @@ def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = No
         "notes": setup.notes,
         "sample": sample,
         "final": {"loss": steps[-1]["loss"], "accuracy": final_accuracy, "powersgd_iter": powersgd_iter},
-        "env": {
-            "torch": torch.__version__,
-            "backend": ctx.backend,
-            "world_size": ctx.world_size,
-            "python": platform.python_version(),
-            "device": str(ctx.device),
-            "task": task.description,
-        },
+        "env": run_environment(ctx, task),
+    }
+
+
+def run_environment(ctx, task) -> dict:
+    """Where a run ran, for its Result: versions, backend, world size, device, task."""
+    return {
+        "torch": torch.__version__,
+        "backend": ctx.backend,
+        "world_size": ctx.world_size,
+        "python": platform.python_version(),
+        "device": str(ctx.device),
+        "task": task.description,
     }
 
 
