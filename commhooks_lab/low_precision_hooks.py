@@ -1,7 +1,7 @@
 """Two 16-bit hooks for precision at scale: a ring all-reduce that rounds like NCCL's, and the fix.
 
 - :func:`ring_hook` sums 16-bit chunks hop by hop around a ring (reduce-scatter, then all-gather),
-  rounding to the 16-bit format after every addition, as a ring all-reduce on NCCL does. gloo
+  rounding to the 16-bit format after every addition, as NCCL's ring algorithm does. gloo
   picks its own reduction algorithm, so PyTorch's ``bf16_compress_hook`` over gloo rounds in
   another order; this hook makes the rounding order of a ring explicit on any backend.
 - :func:`wire16_sum32_hook` sends the same 16-bit values but adds them in float32: each rank

@@ -5,7 +5,7 @@ one process, exactly: it computes every rank's local gradient of a lab task (the
 and batches the ranks would use), then reduces them the way each method rounds:
 
 - ``ring``: cast to 16 bits, divide by W, add chunk by chunk around a ring with a 16-bit rounding
-  after every hop — a ring all-reduce as NCCL runs it (gloo picks other algorithms, so
+  after every hop — as NCCL's ring algorithm does (gloo picks other algorithms, so
   ``bf16_compress_hook`` on gloo rounds in another order; :func:`~commhooks_lab.low_precision_hooks.ring_hook`
   runs this very order on real ranks, and a test checks the two agree);
 - ``wire16_sum32``: the same 16-bit values, summed in float32, the sum rounded to 16 bits once;
@@ -132,7 +132,7 @@ def plot_precision(table, dtype: str = "bfloat16"):
     rows = table[table["dtype"] == dtype].set_index("world_size")
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
     styles = {
-        "ring": ("ring all-reduce in " + dtype + " (NCCL's rounding order)", "o-"),
+        "ring": ("ring all-reduce in " + dtype + " (a ring's rounding order)", "o-"),
         "wire16_sum32": (dtype + " on the wire, float32 sums", "s-"),
         "one_rounding": ("floor: the exact mean rounded once", "k--"),
         "bound": ("worst case for the ring, gamma_(W+1) x cancellation", "k:"),
