@@ -210,6 +210,35 @@ def reset_accelerate_state() -> None:
     GradientState._reset_state()
 
 
+# -- torch.compile -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def optimize_ddp(value: str):
+    """Set ``torch._dynamo.config.optimize_ddp`` for the block (it must be set before DDP wraps the model)."""
+    import torch._dynamo.config as dynamo_config
+
+    if not hasattr(dynamo_config, "optimize_ddp"):
+        raise upstream_changed("torch._dynamo.config.optimize_ddp is gone", "update commhooks_lab._compat.optimize_ddp")
+    saved = dynamo_config.optimize_ddp
+    dynamo_config.optimize_ddp = value  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        dynamo_config.optimize_ddp = saved
+
+
+def compiled_autograd(compiler_fn: Callable):
+    """Trace backward with compiled autograd (private ``torch._dynamo.compiled_autograd._enable``)."""
+    from torch._dynamo import compiled_autograd as module
+
+    if not hasattr(module, "_enable"):
+        raise upstream_changed(
+            "torch._dynamo.compiled_autograd._enable is gone", "update commhooks_lab._compat.compiled_autograd"
+        )
+    return module._enable(compiler_fn)
+
+
 #: Every touch above, for the compat test and the closing notes: (function, what it relies on).
 TOUCHES = (
     ("power_sgd_defaults", "PowerSGDState.__init__ signature (public; defaults quoted in notes)"),
@@ -220,4 +249,6 @@ TOUCHES = (
     ("future_type", "torch._C.Future, the base of every hook future (private)"),
     ("intercept_comm_hook_registration", "DistributedDataParallel.register_comm_hook replaced during prepare"),
     ("reset_accelerate_state", "AcceleratorState._reset_state, GradientState._reset_state (private)"),
+    ("optimize_ddp", "torch._dynamo.config.optimize_ddp (set before DDP wraps the model)"),
+    ("compiled_autograd", "torch._dynamo.compiled_autograd._enable (private)"),
 )

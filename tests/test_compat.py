@@ -16,7 +16,7 @@ VERSIONS = _compat.versions()
 def test_every_touch_is_listed_and_exists():
     names = [name for name, _ in _compat.TOUCHES]
     assert all(callable(getattr(_compat, n)) for n in names)
-    assert len(names) == 8
+    assert len(names) == 10
 
 
 def test_power_sgd_defaults_come_from_the_signature():
