@@ -49,6 +49,7 @@ _SUBMODULES = (
     "scaling",
     "doctor",
     "testing",
+    "compile_compat",
 )
 
 
