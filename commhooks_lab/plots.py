@@ -224,8 +224,18 @@ def precision_histogram(results: Iterable[Result]) -> Figure:
     return fig
 
 
-def singular_values(result: Result, ranks: Sequence[int] = (1, 2, 4)) -> Figure:
-    """Singular values of one layer's exact gradient; a rank-r cut keeps the energy left of r."""
+def singular_values(
+    result: Result, matrix_ranks: Sequence[int] = (1, 2, 4), *, ranks: Sequence[int] | None = None
+) -> Figure:
+    """Singular values of one layer's exact gradient; a matrix-rank-r cut keeps the energy left of r.
+
+    ``ranks`` is the old name of ``matrix_ranks`` (rank means a process in this lab).
+    """
+    if ranks is not None:
+        import warnings
+
+        warnings.warn("singular_values(ranks=...) is now matrix_ranks=...", DeprecationWarning, stacklevel=2)
+        matrix_ranks = ranks
     sample = result.sample
     if not sample or len(sample["shape"]) < 2:
         raise ValueError("singular_values needs a Result whose sample is a matrix layer (probe on)")
@@ -240,13 +250,13 @@ def singular_values(result: Result, ranks: Sequence[int] = (1, 2, 4)) -> Figure:
         ax.text(
             0.98,
             0.97,
-            f"{(~nonzero).sum()} of {len(sv)} singular values are zero: rank {nonzero.sum()}",
+            f"{(~nonzero).sum()} of {len(sv)} singular values are zero: matrix rank {nonzero.sum()}",
             ha="right",
             va="top",
             fontsize="small",
             transform=ax.transAxes,
         )
-    for r in ranks:
+    for r in matrix_ranks:
         if r <= len(sv):
             ax.axvline(r, color="gray", linestyle=":")
             ax.text(

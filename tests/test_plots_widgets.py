@@ -113,14 +113,17 @@ def test_precision_histogram_marks_both_unit_roundoffs(results):
 
 def test_singular_values_draw_the_spectrum_and_the_rank_cuts(results):
     result = results.by_name("fp16")
-    ax = plots.singular_values(result, ranks=(1, 4)).axes[0]
+    ax = plots.singular_values(result, matrix_ranks=(1, 4)).axes[0]
+    with pytest.warns(DeprecationWarning, match="matrix_ranks"):
+        old = plots.singular_values(result, ranks=(1, 4)).axes[0]
+    assert [c.get_xdata()[0] for c in old.get_lines()[1:]] == [1, 4]
     spectrum, *cuts = ax.get_lines()
     rank = np.linalg.matrix_rank(np.asarray(result.sample["exact"]).reshape(128, 64))
     assert len(spectrum.get_xdata()) == rank <= 64  # always-blank pixels give zero columns
     assert [c.get_xdata()[0] for c in cuts] == [1, 4]
     assert np.all(np.diff(spectrum.get_ydata()) <= 0)
     if rank < 64:
-        assert any(f"rank {rank}" in t.get_text() for t in ax.texts)
+        assert any(f"matrix rank {rank}" in t.get_text() for t in ax.texts)
 
 
 def test_cumulative_error_compares_error_feedback(results):
