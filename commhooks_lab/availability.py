@@ -33,6 +33,7 @@ def tried_here() -> dict[str, dict]:
 def _run_child(entries: list) -> dict[str, dict]:
     import cloudpickle
 
+    from . import registry
     from .launcher.cluster import child_environment
 
     env = {**os.environ, **child_environment()}
@@ -48,9 +49,7 @@ def _run_child(entries: list) -> dict[str, dict]:
         return json.loads(done.stdout.decode().strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
         reason = f"could not try it on this machine ({type(exc).__name__})"
-        return {
-            (e.name if e.kind != "wrapper" else f"wrapper:{e.name}"): {"runs": True, "note": reason} for e in entries
-        }
+        return {registry.key(e): {"runs": True, "note": reason} for e in entries}
 
 
 def available_hooks():
@@ -63,7 +62,7 @@ def available_hooks():
     tried = tried_here()
     rows = []
     for entry in registry.entries():
-        outcome = tried.get(entry.name if entry.kind != registry.WRAPPER else f"wrapper:{entry.name}", {})
+        outcome = tried.get(registry.key(entry), {})
         rows.append(
             {
                 "kind": entry.kind,
@@ -345,13 +344,15 @@ def main() -> None:
     import cloudpickle
     import torch.distributed as dist
 
+    from . import registry
+
     warnings.simplefilter("ignore")
     logging.disable(logging.CRITICAL)
     entries = cloudpickle.loads(sys.stdin.buffer.read())
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     out = {}
     for entry in entries:
-        key = entry.name if entry.kind != "wrapper" else f"wrapper:{entry.name}"
+        key = registry.key(entry)
         try:
             out[key] = _try_entry(entry)
         except Exception as exc:  # building it failed: that is the answer

@@ -42,14 +42,11 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _errors(h: torch.Tensor, exact: torch.Tensor) -> dict:
+    """rel_error, cosine and max_abs_error, from the same sums the DDP probe's measurement uses."""
+    from .measure import errors_from_sums
+
     diff = h - exact
-    norm = exact.norm()
-    denom = h.norm() * norm
-    return {
-        "rel_error": float(diff.norm() / norm) if norm > 0 else 0.0,
-        "cosine": float(h @ exact / denom) if denom > 0 else math.nan,
-        "max_abs_error": float(diff.abs().max()),
-    }
+    return errors_from_sums(float(diff @ diff), float(exact @ exact), float(h @ h), float(diff.abs().max()))
 
 
 def fsdp2_job(ctx, config, choice=None) -> dict:

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .contract import completed_future
+
 
 @dataclass
 class Wire16State:
@@ -26,12 +28,6 @@ class Wire16State:
 
     dtype: torch.dtype = torch.bfloat16
     process_group: Any = None
-
-
-def _done(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(tensor)
-    return future
 
 
 def ring_allreduce_(chunks: list[torch.Tensor], group: Any = None) -> None:
@@ -69,7 +65,7 @@ def ring_hook(state: Wire16State, bucket: dist.GradBucket) -> torch.futures.Futu
     compressed = buffer.to(state.dtype).div_(dist.get_world_size(group))
     ring_allreduce_(list(compressed.tensor_split(dist.get_world_size(group))), group)
     buffer.copy_(compressed)
-    return _done(buffer)
+    return completed_future(buffer)
 
 
 def wire16_sum32_hook(state: Wire16State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -90,4 +86,4 @@ def wire16_sum32_hook(state: Wire16State, bucket: dist.GradBucket) -> torch.futu
     gathered = torch.empty_like(wire)
     dist.all_gather(list(gathered.view(world, piece).unbind()), summed, group=group)
     buffer.copy_(gathered[: buffer.numel()])
-    return _done(buffer)
+    return completed_future(buffer)

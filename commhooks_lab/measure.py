@@ -116,11 +116,17 @@ def metrics(names: list[str], sizes: list[int], sums: list[float]) -> tuple[dict
     """One step's metrics from every share's sums, in parameter order: (step metrics, layer rows)."""
     per_layer = [sums[SUMS * i : SUMS * i + SUMS] for i in range(len(sizes))]
     layers = [
-        {"layer": name, "numel": size, **_errors(dd, ee, hh, mx), "rank_spread": spread, "exact_norm": math.sqrt(ee)}
+        {
+            "layer": name,
+            "numel": size,
+            **errors_from_sums(dd, ee, hh, mx),
+            "rank_spread": spread,
+            "exact_norm": math.sqrt(ee),
+        }
         for name, size, (dd, ee, hh, mx, spread) in zip(names, sizes, per_layer)
     ]
     dd, ee, hh = (sum(v[j] for v in per_layer) for j in range(3))
-    step = _errors(dd, ee, hh, _max(v[3] for v in per_layer))
+    step = errors_from_sums(dd, ee, hh, _max(v[3] for v in per_layer))
     step["rank_spread"] = _max(v[4] for v in per_layer)
     return step, layers
 
@@ -140,7 +146,7 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else (0.0 if num == 0 else math.inf)
 
 
-def _errors(dd: float, ee: float, hh: float, max_abs: float) -> dict:
+def errors_from_sums(dd: float, ee: float, hh: float, max_abs: float) -> dict:
     """rel_error, cosine and max_abs_error from d.d, e.e and h.h: h.e = (h.h + e.e - d.d) / 2, accurate to a
     few units in the last place of the magnitudes."""
     denom = math.sqrt(hh) * math.sqrt(ee)

@@ -70,6 +70,11 @@ def unregister(name: str, kind: str = HOOK) -> None:
     _REGISTRY.pop(_key(kind, name), None)
 
 
+def key(entry: HookEntry) -> str:
+    """The name an entry is stored (and reported) under: wrappers as ``wrapper:<name>``."""
+    return _key(entry.kind, entry.name)
+
+
 def _key(kind: str, name: str) -> str:
     return f"wrapper:{name}" if kind == WRAPPER else name
 

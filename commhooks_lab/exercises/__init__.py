@@ -123,6 +123,27 @@ def check_function(name: str, attempt: Any, verify: Callable[[Callable], str | N
     return _say(Outcome(RIGHT, f"✓ {name}: right. {passed}", attempt))
 
 
+def run_beside_reference(
+    attempt: Callable,
+    reference_hook: Callable,
+    state_factory: Callable,
+    steps: int,
+    cluster: Any = None,
+    **changes: Any,
+):
+    """Your hook and the reference on the same data and seed, through the lab: (your steps, the reference's)."""
+    from ..experiment import compare
+
+    mine, theirs = compare(
+        [{"hook": attempt, "label": "yours"}, {"hook": reference_hook, "label": "reference"}],
+        state_factory=state_factory,
+        steps=steps,
+        cluster=cluster,
+        **changes,
+    )
+    return mine.steps, theirs.steps
+
+
 def check_prediction(name: str, attempt: Any, answer: Any, hint: str, explanation: str = "") -> Outcome:
     """Check a prediction committed *before* the measurement that answers it is shown.
 

@@ -12,7 +12,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import NOT_ATTEMPTED, RIGHT, WRONG, Outcome, _say, check_function, check_prediction, reference
+from ..contract import completed_future
+from . import (
+    NOT_ATTEMPTED,
+    RIGHT,
+    WRONG,
+    Outcome,
+    _say,
+    check_function,
+    check_prediction,
+    reference,
+    run_beside_reference,
+)
 
 # -- references -------------------------------------------------------------------------------------
 
@@ -23,12 +34,6 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     flat = x.reshape(-1)
     indices = flat.abs().topk(k).indices
     return flat[indices], indices
-
-
-def _completed(tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(tensor)
-    return future
 
 
 @reference("topk_ef_hook")
@@ -54,7 +59,7 @@ def topk_ef_hook(state: dict, bucket) -> torch.futures.Future[torch.Tensor]:
     for v, i in zip(gathered_values, gathered_indices):
         grad.index_add_(0, i, v)
     grad.div_(world)
-    return _completed(grad)
+    return completed_future(grad)
 
 
 @reference("sign_ef_hook")
@@ -71,7 +76,7 @@ def sign_ef_hook(state: dict, bucket) -> torch.futures.Future[torch.Tensor]:
     dist.all_gather(gathered_signs, signs)
     dist.all_gather(gathered_scales, scale)
     grad.copy_(sum(s * g for s, g in zip(gathered_scales, gathered_signs)) / world)
-    return _completed(grad)
+    return completed_future(grad)
 
 
 def topk_state(process_group: Any, ratio: float = 0.01, error_feedback: bool = True) -> dict:
@@ -106,15 +111,7 @@ def check_topk(attempt) -> Outcome:
 
 
 def _compare_runs(attempt, ref, state_factory, steps: int, cluster, what: str) -> str | None:
-    from ..experiment import compare
-
-    mine, theirs = compare(
-        [{"hook": attempt, "label": "yours"}, {"hook": ref, "label": "reference"}],
-        state_factory=state_factory,
-        steps=steps,
-        cluster=cluster,
-    )
-    a, b = mine.steps, theirs.steps
+    a, b = run_beside_reference(attempt, ref, state_factory, steps, cluster)
     if (a["rank_spread"] != 0).any():
         return "the ranks disagree after your hook: every rank must decode the same payloads the same way."
     if (a["payload_bytes"] != b["payload_bytes"]).any():

@@ -5,7 +5,7 @@ plain bf16 all-reduce rounds differently and cannot pass)."""
 from typing import Any
 
 from ..low_precision_hooks import Wire16State, wire16_sum32_hook
-from . import Outcome, check_function, check_prediction, reference
+from . import Outcome, check_function, check_prediction, reference, run_beside_reference
 
 reference("wire16_sum32_hook")(wire16_sum32_hook)
 
@@ -35,16 +35,7 @@ def check_growth_prediction(prediction: Any, table) -> Outcome:
 
 
 def _verify_wire16(fn, cluster, steps: int) -> str | None:
-    from ..experiment import compare
-
-    mine, theirs = compare(
-        [{"hook": fn, "label": "yours"}, {"hook": wire16_sum32_hook, "label": "reference"}],
-        state_factory=bf16_state,
-        steps=steps,
-        world_size=4,
-        cluster=cluster,
-    )
-    a, b = mine.steps, theirs.steps
+    a, b = run_beside_reference(fn, wire16_sum32_hook, bf16_state, steps, cluster, world_size=4)
     if (a["rank_spread"] != 0).any():
         return "the ranks disagree after your hook: every rank must end with the same summed pieces."
     if (a["payload_bytes"] != b["payload_bytes"]).any():
