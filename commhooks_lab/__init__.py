@@ -47,6 +47,7 @@ _SUBMODULES = (
     "probe",
     "result",
     "scaling",
+    "checkpoint",
     "doctor",
     "testing",
     "compile_compat",

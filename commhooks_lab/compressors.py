@@ -252,6 +252,26 @@ class CompressorState:
     keys: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
 
+    def state_dict(self, parameters: list | None = None) -> dict:
+        """The step count, the residuals and which parameter each key stands for, for a checkpoint.
+
+        ``keys`` map ``id(param)``, which means nothing in another process; with ``parameters``
+        (the model's, in order) they are saved as positions, so a resumed run (whose buckets may
+        meet the parameters in another order) gives every residual back to its parameter.
+        """
+        saved = {"step": self.step, "memory": dict(self.memory)}
+        if parameters is not None:
+            position = {id(p): i for i, p in enumerate(parameters)}
+            saved["keys"] = {position[pid]: key for pid, key in self.keys.items()}
+        return saved
+
+    def load_state_dict(self, saved: dict, parameters: list | None = None) -> None:
+        self.step, self.memory = saved["step"], dict(saved["memory"])
+        if "keys" in saved and parameters is not None:
+            self.keys = {id(parameters[i]): key for i, key in saved["keys"].items()}
+        elif self.memory:
+            raise ValueError("these residuals were saved without their parameters: pass parameters= to both calls")
+
 
 def make_state(compressor: Compressor):
     """A state factory for ExperimentConfig: ``factory(process_group) -> CompressorState``."""

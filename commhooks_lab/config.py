@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +58,10 @@ class ExperimentConfig:
     backend: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S  # seconds without progress before the run is called hung
     label: str | None = None  # a name for tables and legends
+    checkpoint_at: int | None = None  # after this many steps save model, optimizer and hook state, then go on
+    checkpoint_dir: str | None = None  # where: one folder per checkpoint (files per rank, run.json)
+    resume_from: str | None = None  # a checkpoint_dir: start new ranks at its step
+    resume_hook_state: bool = True  # False: restore everything but the hook's memory (what a plain resume does)
     probe: bool | None = None  # deprecated name of ``measure``
 
     def __post_init__(self) -> None:
@@ -68,6 +73,9 @@ class ExperimentConfig:
                 stacklevel=3,
             )
             self.measure, self.probe = bool(self.probe), None
+        for name in ("checkpoint_dir", "resume_from"):
+            if getattr(self, name) is not None:
+                setattr(self, name, os.fspath(getattr(self, name)))
 
     def check(self, local: bool = True) -> HookChoice:
         """Validate everything; return the checked hook choice.
@@ -98,7 +106,33 @@ class ExperimentConfig:
             _check_accelerate(choice)
         if self.api == "fsdp2":
             _check_fsdp2(choice)
+        self._check_checkpointing()
         return choice
+
+    def _check_checkpointing(self) -> None:
+        if self.checkpoint_at is None and self.resume_from is None:
+            return
+        if self.api != "torch":
+            raise ValueError(
+                f"checkpoint_at / resume_from work with api='torch' (register_comm_hook), not api={self.api!r}: "
+                "the lab reaches the hook state only through the state it registered itself"
+            )
+        if self.checkpoint_at is not None:
+            _positive("checkpoint_at", self.checkpoint_at, numbers.Integral)
+            if self.checkpoint_at > self.steps:
+                raise ValueError(f"checkpoint_at={self.checkpoint_at} is after the last step (steps={self.steps})")
+            if not self.checkpoint_dir:
+                raise ValueError("checkpoint_at needs checkpoint_dir: a folder the ranks can write")
+            if self.resume_from is not None and os.path.realpath(self.resume_from) == os.path.realpath(
+                self.checkpoint_dir
+            ):
+                raise ValueError("checkpoint_dir must differ from resume_from: it would overwrite the one being read")
+        if self.resume_from is not None:
+            from .checkpoint import check_resume
+
+            meta = check_resume(self.to_dict(), self.resume_from)
+            if self.checkpoint_at is not None and self.checkpoint_at <= meta["step"]:
+                raise ValueError(f"checkpoint_at={self.checkpoint_at} is not after the resumed step {meta['step']}")
 
     @property
     def name(self) -> str:

@@ -29,6 +29,13 @@ class Wire16State:
     dtype: torch.dtype = torch.bfloat16
     process_group: Any = None
 
+    def state_dict(self) -> dict:
+        """Nothing to remember between steps: a checkpoint of these hooks holds no hook state."""
+        return {}
+
+    def load_state_dict(self, saved: dict) -> None:
+        pass
+
 
 def ring_allreduce_(chunks: list[torch.Tensor], group: Any = None) -> None:
     """Sum ``chunks`` (this rank's W pieces of one tensor) over all ranks in place, hop by hop.

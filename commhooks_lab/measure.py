@@ -97,6 +97,17 @@ class ShareMeter:
             self.last = (self._buffer("last_h", h.dtype).copy_(h), exact)
         return torch.stack(sums)
 
+    def state_dict(self) -> dict:
+        if not self._started:
+            return {"started": False}
+        return {"started": True, "sum_diff": self._buffer("sum_diff"), "sum_exact": self._buffer("sum_exact")}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self._started = saved["started"]
+        if self._started:
+            self._buffer("sum_diff").copy_(saved["sum_diff"])
+            self._buffer("sum_exact").copy_(saved["sum_exact"])
+
     def _spread(self, hooked: list[torch.Tensor], offset: int, size: int) -> torch.Tensor:
         """max_r max |h_r - h_0| over one parameter, in float64; ranks that agree bit for bit cost one compare."""
         h0 = hooked[0][offset : offset + size]

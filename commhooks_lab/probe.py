@@ -101,6 +101,7 @@ class Probe:
         self._capacity = max(1, -(-flush_bytes // self._step_bytes))  # steps a flush holds
         self._meter = ShareMeter(self._shares[rank], self.sizes, world_size, self._scratch)
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.passthrough = False  # True: buckets skip the hook and the probe (a resumed run's layout step)
 
     # -- in the step --------------------------------------------------------------------------
 
@@ -116,6 +117,8 @@ class Probe:
 
         def probed_hook(state, bucket):  # DDP checks that the second argument is named 'bucket'
             buffer = bucket.buffer()
+            if probe.passthrough:
+                return completed_future(buffer)
             probe.uncompressed_bytes += buffer.numel() * buffer.element_size()
             probe.buckets += 1
             if probe.measure_enabled:
@@ -195,6 +198,15 @@ class Probe:
 
     def should_flush(self) -> bool:
         return len(self.records) * self._step_bytes >= self.flush_bytes
+
+    def state_dict(self) -> dict:
+        """The running sums behind ``cumulative_rel_error`` (call right after a flush): a checkpoint keeps them."""
+        if self.records:
+            raise RuntimeError("flush the probe before saving its state: recorded steps are not measured yet")
+        return self._meter.state_dict()
+
+    def load_state_dict(self, saved: dict) -> None:
+        self._meter.load_state_dict(saved)
 
     # -- after steps: measuring ---------------------------------------------------------------
 

@@ -51,14 +51,21 @@ def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = No
     else:
         setup = setup_torch_ddp(ctx, config, task, probe, choice)
     loss_fn = task.loss_fn()
-    steps, layers = [], []
+    steps: list[dict] = []
+    layers: list[dict] = []
 
     def flush(final: bool = False) -> None:
         step_rows, layer_rows = probe.flush(final=final)
         steps.extend(step_rows)
         layers.extend(layer_rows)
 
-    for step in range(config.steps):
+    first = 0
+    if config.resume_from is not None:
+        from .resume import resume_rank
+
+        first, steps, layers, notes = resume_rank(ctx, config, setup, task, probe, loss_fn)
+        setup.notes.extend(notes)
+    for step in range(first, config.steps):
         ctx.heartbeat(step)  # a rank that stops here is named in the notebook, with the step
         x, y = (t.to(ctx.device) for t in next(setup.batches))
         start = time.perf_counter()
@@ -71,8 +78,12 @@ def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = No
         record.update(step=step, step_time_s=time.perf_counter() - start)
         if task.test is not None and config.eval_every and (step + 1) % config.eval_every == 0:
             record["accuracy"] = accuracy(task.model, task.test, ctx.device)
-        if probe.should_flush():
-            flush()
+        if probe.should_flush() or config.checkpoint_at == step + 1:
+            flush(final=False)
+        if config.checkpoint_at == step + 1:
+            from .resume import save_checkpoint
+
+            save_checkpoint(ctx, config, step + 1, setup, task, probe, (steps, layers))
         if ctx.is_main:
             ctx.report(step=step + 1, steps=config.steps, loss_rank0=loss.item())
     flush(final=True)  # the last step's gradients go to rank 0 for the sample

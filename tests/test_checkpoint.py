@@ -1,0 +1,163 @@
+"""Checkpoint and resume: the safe format, the hook-state protocol, and resuming bit for bit."""
+
+import math
+import pickle
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import commhooks_lab as lab
+from commhooks_lab import ExperimentConfig, checkpoint
+from commhooks_lab.compressors import CompressorState, TopK
+
+# -- the format -----------------------------------------------------------------------------------
+
+
+def test_tree_round_trip_keeps_types_keys_and_random_streams(tmp_path):
+    rng = np.random.RandomState(7)
+    rng.randint(10)
+    tree = {
+        0: torch.arange(6.0).reshape(2, 3),
+        "nested": {"a": [1, 2.5, None, True], "b": (torch.tensor([1], dtype=torch.int8), "text")},
+        "rng": rng,
+        "inf": math.inf,
+    }
+    checkpoint.save_tree(tmp_path / "x", tree)
+    back = checkpoint.load_tree(tmp_path / "x")
+    assert set(back) == {0, "nested", "rng", "inf"}  # the int key stays an int
+    assert torch.equal(back[0], tree[0])
+    assert back["nested"]["a"] == [1, 2.5, None, True]
+    assert isinstance(back["nested"]["b"], tuple) and back["nested"]["b"][0].dtype == torch.int8
+    assert back["inf"] == math.inf
+    assert back["rng"].randint(1_000_000, size=5).tolist() == rng.randint(1_000_000, size=5).tolist()
+
+
+def test_unsaveable_values_are_refused_with_their_place(tmp_path):
+    with pytest.raises(TypeError, match="object at /hook/0"):
+        checkpoint.save_tree(tmp_path / "x", {"hook": [object()]})
+    with pytest.raises(TypeError, match="only int and str keys"):
+        checkpoint.save_tree(tmp_path / "x", {(1, 2): 0})
+
+
+class Payload:
+    def __reduce__(self):
+        return (print, ("this ran while loading",))
+
+
+def test_loading_never_unpickles_code(tmp_path, capsys):
+    checkpoint.save_tree(tmp_path / "x", {"t": torch.zeros(1)})
+    with open(tmp_path / "x.pt", "wb") as f:  # someone replaced the tensors file
+        pickle.dump({"t": Payload()}, f, protocol=2)
+    with pytest.raises(pickle.UnpicklingError):
+        checkpoint.load_tree(tmp_path / "x")
+    assert "this ran" not in capsys.readouterr().out
+
+
+# -- the hook-state protocol ----------------------------------------------------------------------
+
+
+def test_compressor_residuals_go_back_to_their_parameters_by_position():
+    params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
+    state = CompressorState(TopK(0.5), step=4)
+    state.keys = {id(params[1]): 0, id(params[0]): 1}  # seen in reverse order, as DDP's first bucket does
+    state.memory = {0: torch.ones(2), 1: torch.full((3,), 2.0)}
+    saved = checkpoint.hook_state_dict(state, params)
+    assert saved["keys"] == {1: 0, 0: 1}
+
+    others = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]  # a new process's
+    fresh = CompressorState(TopK(0.5))
+    checkpoint.load_hook_state(fresh, saved, others)
+    assert fresh.step == 4
+    assert fresh.keys == {id(others[1]): 0, id(others[0]): 1}
+    assert torch.equal(fresh.memory[fresh.keys[id(others[0])]], torch.full((3,), 2.0))
+
+
+def test_residuals_without_parameters_are_refused():
+    state = CompressorState(TopK(0.5), memory={0: torch.ones(1)})
+    with pytest.raises(ValueError, match="parameters="):
+        CompressorState(TopK(0.5)).load_state_dict(state.state_dict())
+
+
+def test_a_state_without_the_protocol_is_named():
+    class MyState:
+        pass
+
+    with pytest.raises(TypeError, match="MyState cannot be saved: give it state_dict"):
+        checkpoint.hook_state_dict(MyState())
+    assert checkpoint.hook_state_dict(None) is None
+
+
+# -- config checks, before any process starts ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"checkpoint_at": 3}, "needs checkpoint_dir"),
+        ({"checkpoint_at": 30, "checkpoint_dir": "x"}, "after the last step"),
+        ({"checkpoint_at": 0, "checkpoint_dir": "x"}, "checkpoint_at must be a positive int"),
+        ({"checkpoint_at": 3, "checkpoint_dir": "x", "api": "accelerate", "hook": "fp16"}, "api='torch'"),
+        ({"resume_from": "/nonexistent/folder"}, "run.json is missing"),
+    ],
+)
+def test_bad_checkpoint_options_are_refused(changes, message):
+    with pytest.raises(ValueError, match=message):
+        ExperimentConfig(steps=10, **changes).check()
+
+
+def test_resuming_another_experiment_is_refused(tmp_path):
+    config = ExperimentConfig(steps=10, lr=0.1)
+    checkpoint.write_run(tmp_path, {"config": config.to_dict(), "step": 4})
+    config.replace(resume_from=tmp_path).check()  # the same experiment: fine
+    with pytest.raises(ValueError, match="lr: checkpoint 0.1, now 0.05"):
+        config.replace(resume_from=tmp_path, lr=0.05).check()
+    with pytest.raises(ValueError, match="leaves nothing to run"):
+        config.replace(resume_from=tmp_path, steps=4).check()
+
+
+# -- resuming on two real ranks -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with lab.Cluster(world_size=2) as c:
+        yield c
+
+
+MEASURED = ["loss", "rel_error", "cumulative_rel_error", "payload_bytes", "accuracy"]
+
+CASES = {
+    # cnn with 10 kB buckets: DDP rebuilds its buckets after step 0, so the saved state is laid out
+    # for other buckets than a new DDP model's first step (the resumed run must rebuild first).
+    "power_sgd": dict(
+        hook="power_sgd",
+        state_options={"matrix_approximation_rank": 1, "start_powerSGD_iter": 2},
+        model="cnn",
+        bucket_cap_mb=0.01,
+    ),
+    "topk_ef": dict(
+        hook="topk", state_options={"ratio": 0.05, "error_feedback": True}, model="cnn", bucket_cap_mb=0.01
+    ),
+}
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_resume_with_hook_state_is_bit_identical_and_without_it_is_not(case, cluster, tmp_path):
+    base = ExperimentConfig(steps=7, eval_every=1, **CASES[case])
+    plain = lab.run(base, cluster=cluster)
+    whole = lab.run(base.replace(checkpoint_at=3, checkpoint_dir=tmp_path), cluster=cluster)
+    resumed = lab.run(base.replace(resume_from=tmp_path), cluster=cluster)
+    dropped = lab.run(base.replace(resume_from=tmp_path, resume_hook_state=False), cluster=cluster)
+
+    assert whole.final["param_digests"] == plain.final["param_digests"]  # saving changes nothing
+    assert resumed.final["param_digests"] == whole.final["param_digests"]
+    pd.testing.assert_frame_equal(resumed.steps[MEASURED], whole.steps[MEASURED])
+    assert "with the hook state" in resumed.notes[-1]
+
+    assert dropped.final["param_digests"] != whole.final["param_digests"]
+    assert dropped.steps["loss"].iloc[:4].tolist() == whole.steps["loss"].iloc[:4].tolist()  # the same up to step 3
+    assert dropped.steps["loss"].iloc[4:].tolist() != whole.steps["loss"].iloc[4:].tolist()
+    assert "WITHOUT the hook state" in dropped.notes[-1]
