@@ -48,6 +48,7 @@ _SUBMODULES = (
     "result",
     "scaling",
     "checkpoint",
+    "contract",
     "doctor",
     "testing",
     "compile_compat",

@@ -251,6 +251,7 @@ class CompressorState:
     step: int = 0
     keys: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
+    pending: set = field(default_factory=set)  # compiled autograd: parameters seen in this backward
 
     def state_dict(self, parameters: list | None = None) -> dict:
         """The step count, the residuals and which parameter each key stands for, for a checkpoint.
@@ -303,14 +304,36 @@ def _split_by_dtype(flat: dict[torch.dtype, torch.Tensor], like: list[torch.Tens
 def compressor_hook(state: CompressorState, bucket):
     """Compress each gradient in the bucket, exchange the payloads, write the decoded mean back.
 
-    One collective per payload dtype. Synchronous: the future it returns is already done.
+    One collective per payload dtype. Synchronous: the future it returns is already done. Under
+    compiled autograd DDP passes one ``(grad, param)`` at a time and ignores the future: the mean
+    is written into ``grad`` all the same, and a parameter seen twice marks the next step.
     """
+    if isinstance(bucket, tuple):
+        return _exchange_one(state, *bucket)  # DDP ignores it; a Future here would break the compiled graph
+    _exchange(state, bucket.gradients(), bucket.parameters())
+    if bucket.is_last():
+        state.step += 1
+    return completed_future(bucket.buffer())
+
+
+# Traced by Dynamo, top-k and sign fail (torch 2.13: "AssertionError: sources must not be empty for symbol
+# ..."), so under compiled autograd one parameter's exchange runs eagerly inside the compiled backward.
+@torch.compiler.disable
+def _exchange_one(state: CompressorState, grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    if id(param) in state.pending:  # no bucket.is_last() here: a repeat means a new backward
+        state.step += 1
+        state.pending.clear()
+    state.pending.add(id(param))
+    _exchange(state, [grad], [param])
+    return grad
+
+
+def _exchange(state: CompressorState, grads: list[torch.Tensor], params: list[torch.Tensor]) -> None:
     group = state.process_group
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     compressor = state.compressor
-    grads = bucket.gradients()
     wheres = []
-    for param in bucket.parameters():
+    for param in params:
         key = state.keys.setdefault(id(param), len(state.keys))
         wheres.append(Where(key, state.step, rank, state.seed))
     payloads = [compressor.compress(g, where, state.memory) for g, where in zip(grads, wheres)]
@@ -334,9 +357,6 @@ def compressor_hook(state: CompressorState, bucket):
         means = [m / world for m in means]
     for g, mean in zip(grads, means):
         g.copy_(mean)
-    if bucket.is_last():
-        state.step += 1
-    return completed_future(bucket.buffer())
 
 
 def _decode_all(compressor, flat_payload, payloads, grads, wheres):

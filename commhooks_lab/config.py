@@ -21,6 +21,11 @@ from .models import resolve_task_factory
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 APIS = ("torch", "accelerate", "fsdp2")
+#: How a run's DDP step is compiled: not at all; torch.compile with Dynamo's DDPOptimizer (the reducer
+#: and its hook run as in eager); torch.compile with compiled autograd and the python reducer.
+COMPILE_MODES = ("eager", "ddp_optimizer", "compiled_autograd")
+#: The compile backend: aot_eager traces like inductor does but builds no C++ (seconds on a laptop).
+COMPILE_BACKEND = "aot_eager"
 
 
 def _positive(name: str, value, kind=numbers.Real) -> None:
@@ -55,6 +60,7 @@ class ExperimentConfig:
     eval_every: int = 0  # test accuracy every k steps (0: at the end only)
     sample_layer: str | None = None  # whose element-wise gradients to keep (default: the largest matrix)
     api: str = "torch"  # "torch": register_comm_hook; "accelerate": DistributedDataParallelKwargs
+    compile: str = "eager"  # "eager" | "ddp_optimizer" | "compiled_autograd": torch.compile (aot_eager) modes
     backend: str | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S  # seconds without progress before the run is called hung
     label: str | None = None  # a name for tables and legends
@@ -106,6 +112,7 @@ class ExperimentConfig:
             _check_accelerate(choice)
         if self.api == "fsdp2":
             _check_fsdp2(choice)
+        _check_compile(self, choice)
         self._check_checkpointing()
         return choice
 
@@ -160,6 +167,28 @@ class ExperimentConfig:
 
 #: The DDP hook names api='fsdp2' maps to a reduce_dtype (commhooks_lab.fsdp2.REDUCE_DTYPES).
 FSDP2_HOOKS = ("allreduce", "fp16", "bf16")
+
+
+def _check_compile(config: ExperimentConfig, choice: HookChoice) -> None:
+    if config.compile not in COMPILE_MODES:
+        raise ValueError(f"unknown compile {config.compile!r}; choose one of {list(COMPILE_MODES)}")
+    if config.compile == "eager":
+        return
+    if config.api != "torch" or config.checkpoint_at is not None or config.resume_from is not None:
+        raise ValueError(
+            f"compile={config.compile!r} runs with api='torch' and without checkpoint_at / resume_from "
+            "(the lab compiles only the plain register_comm_hook path)"
+        )
+    if config.compile != "compiled_autograd":
+        return
+    for entry in (choice.wrapper_entry, choice.entry):  # the wrapper is called first, so it fails first
+        if entry is not None and entry.not_compilable:
+            raise ValueError(f"{choice.name} cannot run under compiled autograd: {entry.not_compilable}")
+    if config.measure:
+        raise ValueError(
+            "compile='compiled_autograd' needs measure=False: the probe measures whole buckets, and under "
+            "compiled autograd DDP hands the hook one (param.grad, param) at a time; loss and accuracy still come back"
+        )
 
 
 def _check_fsdp2(choice: HookChoice) -> None:

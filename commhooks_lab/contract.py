@@ -84,3 +84,23 @@ def completed_future(value: torch.Tensor) -> torch.futures.Future:
     done: torch.futures.Future = torch.futures.Future(devices=devices)
     done.set_result(value)
     return done
+
+
+def bucket_tensor(bucket) -> torch.Tensor:
+    """The tensor a hook works on, in both forms DDP hands over.
+
+    Eager DDP (and DDPOptimizer) passes a ``GradBucket``: its flat ``buffer()``. Compiled
+    autograd with ``optimize_ddp="python_reducer"`` calls the hook once per parameter with the
+    tuple ``(param.grad, param)`` and ignores what it returns, so the result must be written into
+    that gradient before the hook returns (PyTorch's ``_compress_hook`` reads ``bucket[0]`` the same way).
+    """
+    return bucket[0] if isinstance(bucket, tuple) else bucket.buffer()
+
+
+def hook_result(bucket, tensor: torch.Tensor):
+    """What a hook returns: a completed future for a ``GradBucket``; under compiled autograd the tensor itself.
+
+    DDP ignores the return value there, and Dynamo cannot trace creating a ``torch.futures.Future``
+    (it breaks the compiled graph and warns about ``pybind11_object.__new__``).
+    """
+    return tensor if isinstance(bucket, tuple) else completed_future(tensor)

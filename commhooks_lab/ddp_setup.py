@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -76,11 +76,29 @@ def register_probed(ddp, probe: Probe, hook, state, ctx, config: ExperimentConfi
 def setup_torch_ddp(ctx, config: ExperimentConfig, task, probe: Probe, choice: HookChoice) -> Setup:
     """Plain PyTorch: ``DDP(model)`` then ``register_comm_hook(state, hook)``, the hook inside the probe."""
     device_ids = [ctx.device] if ctx.device.type == "cuda" else None
-    ddp = DDP(task.model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)
+    ddp = DDP(task.model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)  # reads optimize_ddp
     hook, state = build_hook(choice)
     refusal = _compat.registration_refusal(ddp, hook) if hook is not None else None
     probe.notes.extend(hook_notes(config, choice, hook, refusal))  # the probe adds its own as it measures
     register_probed(ddp, probe, hook, state, ctx, config)
     optimizer = make_optimizer(config.optimizer, ddp.parameters(), config.lr)
     data = rank_batches(task.train, ctx.rank, ctx.world_size, config.batch_size, config.seed)
-    return Setup(ddp, optimizer, state, probe.notes, torch.Tensor.backward, data)
+    if config.compile == "eager":
+        return Setup(ddp, optimizer, state, probe.notes, torch.Tensor.backward, data)
+    model, backward = compiled(ddp, config.compile)
+    return Setup(model, optimizer, state, probe.notes, backward, data)
+
+
+def compiled(ddp: DDP, mode: str) -> tuple[torch.nn.Module, Callable]:
+    """``torch.compile`` the DDP model; under compiled autograd the backward is traced too."""
+    from .config import COMPILE_BACKEND
+
+    model = cast(torch.nn.Module, torch.compile(ddp, backend=COMPILE_BACKEND))  # an OptimizedModule
+    if mode != "compiled_autograd":
+        return model, torch.Tensor.backward
+
+    def backward(loss: torch.Tensor) -> None:
+        with _compat.compiled_autograd(torch.compile(backend=COMPILE_BACKEND)):
+            loss.backward()
+
+    return model, backward

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .contract import completed_future
+from .contract import bucket_tensor, hook_result
 
 
 @dataclass
@@ -68,11 +68,11 @@ def ring_allreduce_(chunks: list[torch.Tensor], group: Any = None) -> None:
 def ring_hook(state: Wire16State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """PyTorch's fp16/bf16 compress hook (cast, divide by W, sum, cast back), summed on an explicit ring."""
     group = state.process_group
-    buffer = bucket.buffer()
+    buffer = bucket_tensor(bucket)  # a GradBucket's buffer, or the gradient under compiled autograd
     compressed = buffer.to(state.dtype).div_(dist.get_world_size(group))
     ring_allreduce_(list(compressed.tensor_split(dist.get_world_size(group))), group)
     buffer.copy_(compressed)
-    return completed_future(buffer)
+    return hook_result(bucket, buffer)
 
 
 def wire16_sum32_hook(state: Wire16State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -83,7 +83,7 @@ def wire16_sum32_hook(state: Wire16State, bucket: dist.GradBucket) -> torch.futu
     """
     group = state.process_group
     world = dist.get_world_size(group)
-    buffer = bucket.buffer()
+    buffer = bucket_tensor(bucket).view(-1)  # a GradBucket's flat buffer, or a gradient under compiled autograd
     piece = -(-buffer.numel() // world)  # ceil
     wire = torch.zeros(world * piece, dtype=state.dtype, device=buffer.device)
     wire[: buffer.numel()] = buffer.div(world)  # rounds each scaled value to 16 bits once
@@ -93,4 +93,4 @@ def wire16_sum32_hook(state: Wire16State, bucket: dist.GradBucket) -> torch.futu
     gathered = torch.empty_like(wire)
     dist.all_gather(list(gathered.view(world, piece).unbind()), summed, group=group)
     buffer.copy_(gathered[: buffer.numel()])
-    return completed_future(buffer)
+    return hook_result(bucket, buffer)

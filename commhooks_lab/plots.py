@@ -453,3 +453,25 @@ def convergence_seeds(results: Iterable[Result], baseline: str = "allreduce", ti
     seeds = max(len(runs) for runs in by_hook.values())
     fig.suptitle(title or f"{len(by_hook)} hooks, {seeds} seeds each")
     return fig
+
+
+def resumed(results: Iterable[Result], at: int) -> Figure:
+    """Loss, cumulative_rel_error and bytes per step of runs that resumed at step ``at``: what hook state is worth.
+
+    Runs that are bit-identical draw on top of each other; the dotted line marks the restart.
+    """
+    results = _list(results)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4), constrained_layout=True)
+    styles = ["-", "--", ":"]
+    for i, r in enumerate(results):
+        style = {"linestyle": styles[i % len(styles)], "marker": ".", "label": r.name}
+        axes[0].plot(r.steps["step"], r.steps["loss"], **style)
+        axes[1].plot(r.steps["step"], r.steps["cumulative_rel_error"], **style)
+        axes[2].plot(r.steps["step"], r.steps["payload_bytes"], **style)
+    axes[0].set(xlabel="step", ylabel="loss", title="Training loss")
+    axes[1].set(xlabel="step", ylabel="cumulative_rel_error", title="Error of the summed gradient")
+    axes[2].set(xlabel="step", ylabel="bytes", yscale="log", title="payload_bytes per step (rank 0)")
+    for ax in axes:
+        ax.axvline(at - 0.5, color="gray", linewidth=0.8, linestyle=":")
+    axes[0].legend(fontsize="small")
+    return fig

@@ -116,6 +116,8 @@ class Probe:
         probe = self
 
         def probed_hook(state, bucket):  # DDP checks that the second argument is named 'bucket'
+            if isinstance(bucket, tuple):  # compiled autograd: one (grad, param), the result left in grad
+                return hook(state, bucket)
             buffer = bucket.buffer()
             if probe.passthrough:
                 return completed_future(buffer)

@@ -41,6 +41,20 @@ def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = No
     record, so a hook registered in a notebook cell is built here too.
     """
     choice = config.check(local=False) if choice is None else choice  # the ranks exist already
+    if config.compile == "eager":
+        return _train(ctx, config, choice)
+    import torch._dynamo
+
+    from . import _compat
+    from .compile_compat import quiet_dynamo
+
+    torch._dynamo.reset()  # a warm rank's earlier compiled runs leave no graphs behind
+    switch = _compat.optimize_ddp("python_reducer" if config.compile == "compiled_autograd" else "ddp_optimizer")
+    with switch, quiet_dynamo():
+        return _train(ctx, config, choice)
+
+
+def _train(ctx, config: ExperimentConfig, choice: HookChoice) -> dict:
     task = build_task(config.model, config.seed)
     task.model.to(ctx.device)
     probe = Probe(list(task.model.named_parameters()), ctx.world_size, ctx.rank, measure=config.measure)
@@ -66,7 +80,8 @@ def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = No
         first, steps, layers, notes = resume_rank(ctx, config, setup, task, probe, loss_fn)
         setup.notes.extend(notes)
     for step in range(first, config.steps):
-        ctx.heartbeat(step)  # a rank that stops here is named in the notebook, with the step
+        if step > first or config.compile == "eager":  # compiling the first step is slow, not stuck
+            ctx.heartbeat(step)  # a rank that stops here is named in the notebook, with the step
         x, y = (t.to(ctx.device) for t in next(setup.batches))
         start = time.perf_counter()
         setup.optimizer.zero_grad(set_to_none=True)
@@ -91,6 +106,8 @@ def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = No
     if not ctx.is_main:
         return {"rank": ctx.rank, "param_digest": digest}
     final_accuracy = accuracy(task.model, task.test, ctx.device) if task.test is not None else math.nan
+    if config.compile == "compiled_autograd":
+        setup.notes.append(uncounted_bytes(steps))
     powersgd_iter = getattr(setup.state, "iter", None)
     sample = probe.sample(config.sample_layer) if config.measure else None
     return {
@@ -103,6 +120,28 @@ def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = No
         "final": {"loss": steps[-1]["loss"], "accuracy": final_accuracy, "powersgd_iter": powersgd_iter},
         "env": run_environment(ctx, task),
     }
+
+
+#: What the probe counts in the hook; compiled autograd sends through functional collectives it cannot see.
+COUNTED = (
+    "payload_bytes",
+    "ring_bytes",
+    "allgather_bytes",
+    "allgather_calls",
+    "collective_calls",
+    "uncompressed_bytes",
+)
+
+
+def uncounted_bytes(steps: list[dict]) -> str:
+    """Blank the counted bytes of a compiled-autograd run (they would read 0) and say why."""
+    for row in steps:
+        row.update(dict.fromkeys(COUNTED, math.nan), compressing=False)
+    return (
+        "bytes not counted under compiled autograd: DDP's default reduction and PyTorch's fp16/bf16 hooks then send "
+        "through functional collectives inside the traced graph, which the lab's counter cannot see; wire_bytes "
+        "(what the process wrote, from the OS) still counts."
+    )
 
 
 def run_environment(ctx, task) -> dict:

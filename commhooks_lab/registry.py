@@ -46,6 +46,7 @@ class HookEntry:
     power_sgd: bool = False  # a PowerSGD variant: compresses only from start_powerSGD_iter on
     prepare: Callable[[], Any] | None = None  # run in the rank before the hook is registered (any api)
     rank_note: Callable[[], str | None] | None = None  # a note only the rank can tell, after build
+    not_compilable: str = ""  # why it cannot run under compiled autograd (empty: it takes the (grad, param) form)
 
     def options_with_defaults(self, options: dict) -> dict:
         return {**self.defaults(), **options}
@@ -241,6 +242,20 @@ BATCHED_POWER_SGD_NOTE = (
     "untouched."
 )
 
+#: Why PyTorch's bucket hooks cannot run under compiled autograd (DDP then calls hook(state, (grad, param))).
+READS_BUCKET = (
+    "PyTorch's {} calls bucket.buffer(), and under compiled autograd DDP passes the tuple (param.grad, param) "
+    "instead of a GradBucket"
+)
+POWER_SGD_NEEDS_BUCKETS = (
+    "PowerSGD works on whole buckets: bucket.index() keys its error feedback and warm-start memory and "
+    "bucket.is_last() counts its steps, and under compiled autograd DDP passes one (param.grad, param) at a time"
+)
+WRAPPER_SETS_BUFFER = (
+    "{} calls bucket.set_buffer() to cast the bucket, and under compiled autograd DDP passes the tuple "
+    "(param.grad, param) instead of a GradBucket"
+)
+
 #: DDP checks a bf16 hook's *name* at registration and refuses it on other builds (gloo reduces bf16 fine).
 BF16_NEEDS = "CUDA 11+ and NCCL 2.10+ (or XPU with XCCL)"
 
@@ -265,6 +280,7 @@ def _register_pytorch_hooks() -> None:
             HOOK,
             "PyTorch's Python allreduce_hook: the exact average, as a hook",
             build=_default_hook("allreduce_hook"),
+            not_compilable=READS_BUCKET.format("allreduce_hook"),
         )
     )
     register(
@@ -308,6 +324,7 @@ def _register_pytorch_hooks() -> None:
                 power_sgd=True,
                 prepare=_compat.patch_batched_orthogonalize if batched else None,
                 rank_note=_batched_note if batched else None,
+                not_compilable=POWER_SGD_NEEDS_BUCKETS,
             )
         )
     register(
@@ -316,6 +333,7 @@ def _register_pytorch_hooks() -> None:
             HOOK,
             "no communication: every rank keeps its own gradient (breaks DDP's invariant)",
             build=_build_noop,
+            not_compilable=READS_BUCKET.format("noop_hook"),
         )
     )
     register(HookEntry("no", WRAPPER, "no wrapper", wrap=lambda hook: hook, accelerate="no"))
@@ -326,6 +344,7 @@ def _register_pytorch_hooks() -> None:
             "cast the bucket to float16 around any hook",
             wrap=_wrapper("fp16_compress_wrapper"),
             accelerate="fp16",
+            not_compilable=WRAPPER_SETS_BUFFER.format("fp16_compress_wrapper"),
         )
     )
     register(
@@ -336,6 +355,7 @@ def _register_pytorch_hooks() -> None:
             wrap=_wrapper("bf16_compress_wrapper"),
             accelerate="bf16",
             needs=BF16_NEEDS,
+            not_compilable=WRAPPER_SETS_BUFFER.format("bf16_compress_wrapper"),
         )
     )
 

@@ -76,7 +76,8 @@ class Result:
                 cosine=compressed["cosine"].mean(),
                 rank_spread=s["rank_spread"].max(),
             )
-        row["compressed_steps"] = f"{int(s['compressing'].sum())}/{len(s)}"
+        counted = not s["payload_bytes"].isna().all()  # compiled autograd: not counted
+        row["compressed_steps"] = f"{int(s['compressing'].sum())}/{len(s)}" if counted else "not counted"
         fp32 = compressed["uncompressed_bytes"].sum()
         row["payload_vs_fp32"] = compressed["payload_bytes"].sum() / fp32 if fp32 else math.nan
         row["final_loss"] = self.final.get("loss", math.nan)

@@ -111,6 +111,6 @@ def describe_state(tree) -> str:
     for key, value in tree.items():
         if isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
             parts.append(f"{key} ({len(value)} tensors, {sum(v.numel() for v in value.values())} numbers)")
-        elif key in ("iter", "step"):
+        elif isinstance(value, int) and (key == "iter" or key.startswith("step")):  # step counters
             parts.append(f"{key}={value}")
     return ", ".join(parts) or "no memory"

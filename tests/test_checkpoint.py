@@ -161,3 +161,57 @@ def test_resume_with_hook_state_is_bit_identical_and_without_it_is_not(case, clu
     assert dropped.steps["loss"].iloc[:4].tolist() == whole.steps["loss"].iloc[:4].tolist()  # the same up to step 3
     assert dropped.steps["loss"].iloc[4:].tolist() != whole.steps["loss"].iloc[4:].tolist()
     assert "WITHOUT the hook state" in dropped.notes[-1]
+
+
+def test_the_resume_plot_draws_every_run_in_each_panel_and_marks_the_restart():
+    from commhooks_lab.plots import resumed
+    from commhooks_lab.result import Result
+
+    steps = pd.DataFrame({"step": range(4), "loss": [4.0, 3, 2, 1], "cumulative_rel_error": 0.1, "payload_bytes": 8})
+    runs = [Result({"name": name}, steps, pd.DataFrame(), [], {}, {}, None) for name in ("whole", "kept", "lost")]
+    fig = resumed(runs, at=2)
+    for ax in fig.axes:
+        lines = [line for line in ax.get_lines() if line.get_label() in ("whole", "kept", "lost")]
+        assert len(lines) == 3
+        assert any(list(line.get_xdata()) == [1.5, 1.5] for line in ax.get_lines())
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["whole", "kept", "lost"]
+
+
+class Fp16FeedbackState:
+    """A learner's own stateful hook state, saved through the documented protocol."""
+
+    def __init__(self, process_group=None):
+        self.residual, self.steps = {}, 0
+
+    def state_dict(self):
+        return {"residual": dict(self.residual), "steps": self.steps}
+
+    def load_state_dict(self, saved):
+        self.residual, self.steps = dict(saved["residual"]), saved["steps"]
+
+
+def fp16_feedback_hook(state, bucket):
+    """fp16 on the wire, with what the cast lost added to the next step's bucket."""
+    import torch.distributed as dist
+
+    from commhooks_lab.contract import completed_future
+
+    buffer = bucket.buffer()
+    corrected = buffer + state.residual.get(bucket.index(), 0)
+    sent = corrected.half()
+    state.residual[bucket.index()] = corrected - sent.float()
+    dist.all_reduce(sent)
+    buffer.copy_(sent.float() / dist.get_world_size())
+    state.steps += bucket.is_last()
+    return completed_future(buffer)
+
+
+@pytest.mark.usefixtures("no_leftover_processes")
+def test_your_own_state_resumes_through_state_dict(cluster, tmp_path):
+    base = ExperimentConfig(hook=fp16_feedback_hook, state_factory=Fp16FeedbackState, steps=6)
+    whole = lab.run(base.replace(checkpoint_at=2, checkpoint_dir=tmp_path), cluster=cluster)
+    resumed = lab.run(base.replace(resume_from=tmp_path), cluster=cluster)
+    dropped = lab.run(base.replace(resume_from=tmp_path, resume_hook_state=False), cluster=cluster)
+    assert resumed.final["param_digests"] == whole.final["param_digests"]
+    assert dropped.final["param_digests"] != whole.final["param_digests"]
+    assert "Fp16FeedbackState: residual (1 tensors" in resumed.notes[-1] and "steps=2" in resumed.notes[-1]

@@ -30,6 +30,7 @@ def test_the_curriculum_is_all_there():
         "write_your_own_hook",
         "when_compression_pays_off",
         "precision_at_scale",
+        "hooks_in_the_real_world",
     ]
     names = [p.stem for p in NOTEBOOKS]
     assert len(names) == len(topics) and all(topic in name for topic, name in zip(topics, names))
