@@ -185,16 +185,23 @@ def compile_compatibility(
     return _CACHE[key].copy()
 
 
-def torch_source(obj: Any, contains: str, context: int = 0) -> str:
+def torch_source(obj: Any, contains: str | Sequence[str], context: int = 0) -> str:
     """The lines of PyTorch's installed source of ``obj`` that contain ``contains`` (and ``context`` around),
-    each with its file and line number: read what your torch does, not what a tutorial remembers."""
+    under the file's name, with line numbers: read what your torch does, not what a tutorial remembers."""
     import inspect
 
     lines, first = inspect.getsourcelines(obj)
     path = inspect.getsourcefile(obj) or "?"
     short = path[path.rfind("torch/") :] if "torch/" in path else path
-    hits = [i for i, line in enumerate(lines) if contains in line]
-    if not hits:
-        raise ValueError(f"{contains!r} is not in {short} {obj.__qualname__} any more: PyTorch changed it")
+    wanted = [contains] if isinstance(contains, str) else list(contains)
+    missing = [w for w in wanted if not any(w in line for line in lines)]
+    if missing:
+        raise ValueError(f"{missing} not in {short} {obj.__qualname__} any more: PyTorch changed it")
+    hits = [i for i, line in enumerate(lines) if any(w in line for w in wanted)]
     keep = sorted({j for i in hits for j in range(max(0, i - context), min(len(lines), i + context + 1))})
-    return "\n".join(f"{short}:{first + j}  {lines[j].rstrip()}" for j in keep)
+    out = [f"# {short}, {obj.__qualname__}"]
+    for before, j in zip([None, *keep], keep):
+        if before is not None and j > before + 1:
+            out.append("      ...")  # lines left out
+        out.append(f"{first + j:5d}  {lines[j].rstrip()}")
+    return "\n".join(out)

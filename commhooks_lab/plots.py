@@ -10,7 +10,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import MaxNLocator, NullLocator
 
 from .result import Result
 
@@ -473,5 +473,6 @@ def resumed(results: Iterable[Result], at: int) -> Figure:
     axes[2].set(xlabel="step", ylabel="bytes", yscale="log", title="payload_bytes per step (rank 0)")
     for ax in axes:
         ax.axvline(at - 0.5, color="gray", linewidth=0.8, linestyle=":")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(fontsize="small")
     return fig

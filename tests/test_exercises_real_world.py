@@ -74,3 +74,14 @@ def test_the_bytes_prediction_is_judged_on_the_steps_after_the_resume():
     wrong = exercise.check_bytes_prediction("same", kept, lost, 2)
     assert wrong.status == WRONG and "start_powerSGD_iter" in wrong.message
     assert exercise.bytes_answer(kept, kept, 2) == "same"
+
+
+def returns_the_tensor_always(state, bucket):
+    grad = bucket[0] if isinstance(bucket, tuple) else bucket.buffer()
+    dist.all_reduce(grad.div_(dist.get_world_size()))
+    return grad
+
+
+def test_a_hook_that_returns_no_future_in_eager_is_told_what_ddp_needs(cluster):
+    outcome = exercise.check_compile_safe_hook(returns_the_tensor_always, cluster=cluster)
+    assert outcome.status == WRONG and "completed_future(tensor)" in outcome.message

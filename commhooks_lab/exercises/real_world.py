@@ -26,7 +26,10 @@ def _verify_compile_safe(fn, cluster) -> str | None:
     yours, exact = table.iloc[0:2], table.iloc[2]  # rows: yours eager, yours compiled autograd, the reference...
     eager, compiled = yours.iloc[0], yours.iloc[1]
     if not eager["runs"]:
-        return f"it fails in eager DDP already: {eager['error']}"
+        return (
+            f"it fails in eager DDP already ({eager['error']}): for a GradBucket DDP needs a Future that holds "
+            "the averaged bucket tensor, e.g. completed_future(tensor)."
+        )
     if eager["grad_sha256"] != exact["grad_sha256"]:
         return "in eager DDP it does not leave the exact mean: divide the bucket by the world size, then all-reduce it."
     if not compiled["runs"]:
