@@ -1,7 +1,9 @@
 """commhooks_lab: run, measure and see PyTorch DDP communication hooks from a notebook.
 
 Heavy parts (pandas, matplotlib, ipywidgets) load on first use, so the rank processes,
-which import this package, start as fast as ``import torch`` allows.
+which import this package, start as fast as ``import torch`` allows. Importing it in a notebook
+or script starts the rank server in the background (a forkserver that imports torch once, so
+the first run's ranks start in a fork's time); ``COMMHOOKS_LAB_PREWARM=0`` turns that off.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ _SUBMODULES = (
     "doctor",
     "testing",
     "compile_compat",
+    "session",
 )
 
 
@@ -66,3 +69,13 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(list(globals()) + __all__ + list(_SUBMODULES))
+
+
+def _prewarm() -> None:
+    from .launcher import rank_server
+
+    rank_server.preload("numpy", f"{__name__}.rank_job", f"{__name__}.fsdp2")  # what lab.run's ranks import
+    rank_server.prewarm()
+
+
+_prewarm()
