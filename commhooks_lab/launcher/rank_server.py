@@ -177,7 +177,13 @@ class _RankPopen(popen_forkserver.Popen):
             _reduction.dump(process_obj, buf)
         finally:
             context.set_spawning_popen(None)
-        self.sentinel, w = self._server.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
+        try:
+            self.sentinel, w = self._server.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
+        except OSError as exc:
+            raise RankServerError(
+                f"could not reach the rank server (pid {self._server.pid}): {exc}{_server_said(self._server)}; "
+                "start_method='spawn' starts ranks without it"
+            ) from exc
         _parent_w = os.dup(w)  # the rank's sign that we are alive: it leaves when this closes
         self.finalizer = _util.Finalize(self, _util.close_fds, (_parent_w, self.sentinel))
         with open(w, "wb", closefd=True) as f:
