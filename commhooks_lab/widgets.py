@@ -226,10 +226,15 @@ class HookLab:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Close every widget, and stop the ranks if they are the dashboard's own (``fresh=True``)."""
+        """Close every widget, and stop the ranks if they are the dashboard's own (``fresh=True``).
+
+        Waits for the background try-out of PyTorch's other hooks (a child process), so that no
+        process outlives the dashboard.
+        """
         if self.cluster is not None and self.fresh:
             self.cluster.close()
         self.cluster = None
+        self._tryout.join()
         _close_tree(self.widget)
 
     def _repr_mimebundle_(self, **kwargs):

@@ -11,6 +11,7 @@ from conftest import wait_gone
 
 import commhooks_lab as lab
 from commhooks_lab import WorkerError, session
+from commhooks_lab.launcher.rank_server import DEFAULT_START_METHOD
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -111,7 +112,7 @@ def test_runs_compares_and_the_dashboard_share_one_set_of_ranks():
     finally:
         board.close()
     assert session.active() == [cluster] and cluster.pids == pids and cluster.starts == 1
-    assert lab.run(hook="fp16", steps=2).env["start_method"] == "forkserver"
+    assert lab.run(hook="fp16", steps=2).env["start_method"] == DEFAULT_START_METHOD
 
 
 def test_fresh_runs_and_your_own_cluster_leave_the_session_alone():

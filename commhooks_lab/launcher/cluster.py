@@ -402,6 +402,8 @@ class Cluster:
         proc = self._procs[rank]
         proc.join(1.0)
         tail = self._logs[rank].tail() if rank < len(self._logs) else ""
+        if not tail and self._server is not None:  # it died before it took its own stderr: the server has it
+            tail = self._server.log.tail()
         summary = f"{_describe_exit(proc.exitcode)} while {phase}"
         explanation = explain_death(tail)
         if explanation:

@@ -43,8 +43,10 @@ PRELOAD = (
     "commhooks_lab.launcher.rank_process",
     __name__,
 )
-#: The default start method of :class:`~commhooks_lab.Cluster`: this server where the platform has forkservers.
-DEFAULT_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+#: The default start method of :class:`~commhooks_lab.Cluster`: this server on Linux, where it is measured and
+#: tested. Elsewhere spawn stays the default (on macOS, forking after torch and Apple's Accelerate framework
+#: have loaded is not known to be safe); ``start_method="forkserver"`` asks for the server anywhere it exists.
+DEFAULT_START_METHOD = "forkserver" if sys.platform.startswith("linux") else "spawn"
 #: How long a rank may wait for the server to fork it (the first time: until the server has imported torch).
 FORK_TIMEOUT_S = 120.0
 
@@ -69,12 +71,17 @@ class RankServer(forkserver.ForkServer):
         self.env = dict(env)
         self.set_forkserver_preload(list(_preload))
         self.log = RankLog("server")
+        self._start_lock = threading.Lock()
 
     def ensure_running(self) -> None:
         """Start the server if it is not running (returns at once: it imports torch in the background)."""
-        if self.running():
-            return
-        if self.pid is not None:  # it died: a new one writes to a new file
+        with self._start_lock:
+            if not self.running():
+                self.restart()
+
+    def restart(self) -> None:
+        """Start the server if ``ForkServer`` finds it gone (it reaps a dead one); a new one gets a new log."""
+        if self.pid is not None:
             self.log.remove()
             self.log = RankLog("server")
         with patched_environ(self.env), stderr_into(self.log.path):
@@ -82,14 +89,20 @@ class RankServer(forkserver.ForkServer):
         self.log.detach()  # the server holds it open now
 
     def running(self) -> bool:
-        """Is the server alive? (Asked without reaping it, which ``ForkServer.ensure_running`` does.)"""
+        """Is the server alive? Asked without reaping it (``ForkServer.ensure_running`` reaps)."""
         pid = self.pid
         if pid is None:
             return False
+        if hasattr(os, "waitid"):  # not on macOS
+            try:
+                return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+            except ChildProcessError:
+                return False
         try:
-            return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
-        except ChildProcessError:
+            os.kill(pid, 0)  # a zombie passes: a rank that cannot reach it restarts it (_RankPopen)
+        except OSError:
             return False
+        return True
 
     @property
     def pid(self) -> int | None:
@@ -177,13 +190,7 @@ class _RankPopen(popen_forkserver.Popen):
             _reduction.dump(process_obj, buf)
         finally:
             context.set_spawning_popen(None)
-        try:
-            self.sentinel, w = self._server.connect_to_new_process(self._fds)  # type: ignore[attr-defined]
-        except OSError as exc:
-            raise RankServerError(
-                f"could not reach the rank server (pid {self._server.pid}): {exc}{_server_said(self._server)}; "
-                "start_method='spawn' starts ranks without it"
-            ) from exc
+        self.sentinel, w = self._connect()
         _parent_w = os.dup(w)  # the rank's sign that we are alive: it leaves when this closes
         self.finalizer = _util.Finalize(self, _util.close_fds, (_parent_w, self.sentinel))
         with open(w, "wb", closefd=True) as f:
@@ -199,6 +206,22 @@ class _RankPopen(popen_forkserver.Popen):
             raise RankServerError(
                 f"the rank server (pid {self._server.pid}) exited before it forked a rank"
                 f"{_server_said(self._server)}; start_method='spawn' starts ranks without it"
+            ) from exc
+
+    def _connect(self) -> tuple[int, int]:
+        """Ask the server for a child; a server that cannot be reached is restarted once."""
+        fds = self._fds  # type: ignore[attr-defined]  # popen_forkserver.Popen's own list
+        try:
+            return self._server.connect_to_new_process(fds)
+        except OSError:
+            with self._server._start_lock:
+                self._server.restart()
+        try:
+            return self._server.connect_to_new_process(fds)
+        except OSError as exc:
+            raise RankServerError(
+                f"could not reach the rank server (pid {self._server.pid}): {exc}{_server_said(self._server)}; "
+                "start_method='spawn' starts ranks without it"
             ) from exc
 
 
