@@ -152,7 +152,7 @@ class Cluster:
     itself on garbage collection and at interpreter exit). After a worker error the ranks are
     torn down and the next ``run`` starts fresh ones.
 
-    ``start_method``: "forkserver" (the default where the platform has it) forks the ranks from
+    ``start_method``: "forkserver" (the default on Linux; spawn elsewhere) forks the ranks from
     the lab's rank server, a fresh interpreter with torch already imported
     (:mod:`~commhooks_lab.launcher.rank_server`); "spawn" starts each rank as a new interpreter
     (seconds slower, nothing shared); "fork" copies this process (unsafe in a threaded kernel).
