@@ -5,7 +5,9 @@
    line (before ``import commhooks_lab`` / ``import accelerate``) until the job returned: the lab's
    ``launch`` (ranks forked by the rank server, which the import starts) against Accelerate's
    ``debug_launcher`` (fork) on the same DDP job, and ``lab.run`` against ``debug_launcher`` running
-   the lab's own per-rank experiment. Ratio: median over ``debug_launcher``'s median (target <= 1.0).
+   the lab's own per-rank experiment. Also the run alone, started 3 s after the imports (a person
+   reading the next cell: the rank server has loaded torch by then). Ratio: median over
+   ``debug_launcher``'s median in the same group (target <= 1.0).
 2. **Dashboard** (``--sections dashboard``): HookLab's first click in a fresh interpreter, clicked at
    once and after a pause (target <= 1.5 s); see ``bench/dashboard.py``.
 3. **Launch** (``--sections launch``): in one process, every variant runs the same job (an MLP
@@ -153,7 +155,9 @@ def ddp_steps(steps):
         opt.step()
     return loss.item()
 """
-_DEBUG_LAUNCHER = """
+#: (imports, the run) of each first-run variant; the job itself is ``_JOB``'s.
+_DEBUG_LAUNCHER = (
+    """
 from accelerate import debug_launcher
 
 
@@ -163,29 +167,22 @@ def job(steps):
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     ddp_steps(steps)
-
-
-debug_launcher(job, args=({steps},), num_processes={world_size})
-print(time.perf_counter() - t0)
-"""
-_LAB_LAUNCH = """
+""",
+    "debug_launcher(job, args=({steps},), num_processes={world_size})\n",
+)
+_LAB_LAUNCH = (
+    """
 import commhooks_lab as lab
 
 
 def job(ctx, steps):
     return ddp_steps(steps)
-
-
-lab.launch(job, {steps}, world_size={world_size}{options})
-print(time.perf_counter() - t0)
-"""
-_LAB_RUN = """
-import commhooks_lab as lab
-
-lab.run(hook="allreduce", steps={steps}, world_size={world_size})
-print(time.perf_counter() - t0)
-"""
-_DEBUG_LAUNCHER_EXPERIMENT = """
+""",
+    "lab.launch(job, {steps}, world_size={world_size}{options})\n",
+)
+_LAB_RUN = ("\nimport commhooks_lab as lab\n", 'lab.run(hook="allreduce", steps={steps}, world_size={world_size})\n')
+_DEBUG_LAUNCHER_EXPERIMENT = (
+    """
 from accelerate import debug_launcher
 
 
@@ -200,45 +197,65 @@ def job(steps):
         dist.init_process_group("gloo")
     ctx = WorkerContext(dist.get_rank(), dist.get_world_size(), "gloo", torch.device("cpu"))
     run_experiment(ctx, ExperimentConfig(hook="allreduce", steps=steps, world_size=dist.get_world_size()))
-
-
-debug_launcher(job, args=({steps},), num_processes={world_size})
-print(time.perf_counter() - t0)
-"""
+""",
+    "debug_launcher(job, args=({steps},), num_processes={world_size})\n",
+)
 _NO_PREWARM = "import os\nos.environ['COMMHOOKS_LAB_PREWARM'] = '0'\n"
+#: A person reads the next cell: the run starts this long after the imports, and only the run is timed.
+READING_PAUSE_S = 3.0
+
+
+def _snippet(parts: tuple[str, str], pause_s: float, prefix: str = "", **fill) -> str:
+    imports, run = parts
+    pause = f"time.sleep({pause_s})\nt0 = time.perf_counter()\n" if pause_s else ""
+    return prefix + _JOB + imports + pause + run.format(**fill) + "print(time.perf_counter() - t0)\n"
 
 
 def first_run_section(repeats: int, steps: int, world_size: int) -> None:
-    """The first run in a fresh interpreter: the lab against debug_launcher, the same job each pair."""
-    fill = {"steps": steps, "world_size": world_size}
-    pairs = {
-        f"DDP job ({steps} steps)": {
-            "accelerate.debug_launcher (fork)": _JOB + _DEBUG_LAUNCHER.format(**fill),
-            "lab.launch (rank server, default)": _JOB + _LAB_LAUNCH.format(options="", **fill),
-            "lab.launch (rank server started at the run)": _NO_PREWARM + _JOB + _LAB_LAUNCH.format(options="", **fill),
-            "lab.launch (spawn)": _JOB + _LAB_LAUNCH.format(options=", start_method='spawn'", **fill),
+    """The first run in a fresh interpreter: the lab against debug_launcher, the same job in each group."""
+    fill = {"steps": steps, "world_size": world_size, "options": ""}
+    spawn = {**fill, "options": ", start_method='spawn'"}
+    ddp, experiment = f"DDP job ({steps} steps)", f"lab experiment (allreduce, {steps} steps)"
+    after = f"run {READING_PAUSE_S:g} s after import"
+    groups = {
+        (ddp, "import + run"): {
+            "accelerate.debug_launcher (fork)": _snippet(_DEBUG_LAUNCHER, 0, **fill),
+            "lab.launch (rank server, default)": _snippet(_LAB_LAUNCH, 0, **fill),
+            "lab.launch (rank server started at the run)": _snippet(_LAB_LAUNCH, 0, _NO_PREWARM, **fill),
+            "lab.launch (spawn)": _snippet(_LAB_LAUNCH, 0, **spawn),
         },
-        f"lab experiment (allreduce, {steps} steps)": {
-            "accelerate.debug_launcher (fork)": _JOB + _DEBUG_LAUNCHER_EXPERIMENT.format(**fill),
-            "lab.run (rank server, default)": _JOB + _LAB_RUN.format(**fill),
+        (experiment, "import + run"): {
+            "accelerate.debug_launcher (fork)": _snippet(_DEBUG_LAUNCHER_EXPERIMENT, 0, **fill),
+            "lab.run (rank server, default)": _snippet(_LAB_RUN, 0, **fill),
+        },
+        (ddp, after): {
+            "accelerate.debug_launcher (fork)": _snippet(_DEBUG_LAUNCHER, READING_PAUSE_S, **fill),
+            "lab.launch (rank server, default)": _snippet(_LAB_LAUNCH, READING_PAUSE_S, **fill),
+        },
+        (experiment, after): {
+            "accelerate.debug_launcher (fork)": _snippet(_DEBUG_LAUNCHER_EXPERIMENT, READING_PAUSE_S, **fill),
+            "lab.run (rank server, default)": _snippet(_LAB_RUN, READING_PAUSE_S, **fill),
         },
     }
-    snippets = {(job, name): code for job, variants in pairs.items() for name, code in variants.items()}
-    timed = time_fresh({f"{job}|{name}": code for (job, name), code in snippets.items()}, repeats)
+    snippets = {
+        f"{job}|{when}|{name}": code for (job, when), variants in groups.items() for name, code in variants.items()
+    }
+    timed = time_fresh(snippets, repeats)
     print(
-        f"\nfirst run in a fresh interpreter, {world_size} ranks: import + start + job, median of {repeats} "
-        f"interpreters each (torch {torch.__version__}, {os.cpu_count()} cores)\n"
+        f"\nfirst run in a fresh interpreter, {world_size} ranks, median of {repeats} interpreters each "
+        f"(torch {torch.__version__}, {os.cpu_count()} cores); 'import + run': from the first line to the "
+        f"job's end; '{after}': the run only\n"
     )
-    print(f"{'job':<34} {'variant':<44} {'median s':>9} {'min s':>7} {'x debug_launcher':>17}  runs")
-    for job, variants in pairs.items():
-        base = median(timed[f"{job}|accelerate.debug_launcher (fork)"]["times"])
+    print(f"{'job':<37} {'timed':<23} {'variant':<44} {'median s':>9} {'min s':>7} {'x debug_launcher':>17}  runs")
+    for (job, when), variants in groups.items():
+        base = median(timed[f"{job}|{when}|accelerate.debug_launcher (fork)"]["times"])
         for name in variants:
-            times, failures = timed[f"{job}|{name}"]["times"], timed[f"{job}|{name}"]["failures"]
+            times, failures = (timed[f"{job}|{when}|{name}"][k] for k in ("times", "failures"))
             m = median(times)
             ratio = m / base if m is not None and base else None
             runs = f"{len(times)}/{repeats} ok" + "".join(f"; {why}" for why in dict.fromkeys(failures))
             fastest = min(times) if times else None
-            print(f"{job:<34} {name:<44} {cell(m, 9)} {cell(fastest, 7)} {cell(ratio, 17, 2)}  {runs}")
+            print(f"{job:<37} {when:<23} {name:<44} {cell(m, 9)} {cell(fastest, 7)} {cell(ratio, 17, 2)}  {runs}")
 
 
 def dashboard_section(repeats: int, steps: int) -> None:

@@ -2,8 +2,9 @@
 
 Heavy parts (pandas, matplotlib, ipywidgets) load on first use, so the rank processes,
 which import this package, start as fast as ``import torch`` allows. Importing it in a notebook
-or script starts the rank server in the background (a forkserver that imports torch once, so
-the first run's ranks start in a fork's time); ``COMMHOOKS_LAB_PREWARM=0`` turns that off.
+or script starts the rank server (a forkserver that imports torch once, so the first run's ranks
+start in a fork's time) and imports a run's own modules on a background thread;
+``COMMHOOKS_LAB_PREWARM=0`` turns both off.
 """
 
 from __future__ import annotations
@@ -71,11 +72,6 @@ def __dir__():
     return sorted(list(globals()) + __all__ + list(_SUBMODULES))
 
 
-def _prewarm() -> None:
-    from .launcher import rank_server
+from . import _prewarm  # noqa: E402  (the rank server and the first run's imports, in the background)
 
-    rank_server.preload("numpy", f"{__name__}.rank_job", f"{__name__}.fsdp2")  # what lab.run's ranks import
-    rank_server.prewarm()
-
-
-_prewarm()
+_prewarm.start()

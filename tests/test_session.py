@@ -1,8 +1,11 @@
 """The warm session: one set of ranks per kernel, and not one bit of a run leaks into the next."""
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import _bad_hooks
 import pandas as pd
@@ -144,6 +147,21 @@ def test_a_worker_error_resets_the_session():
     again = lab.run(hook="fp16", steps=2)
     (restarted,) = session.active()
     assert not set(restarted.pids) & set(old) and restarted.starts == 2
+    assert again.final["param_digests"] == first.final["param_digests"]
+
+
+def test_a_rank_that_died_between_runs_resets_the_session():
+    first = lab.run(hook="fp16", steps=2)
+    (cluster,) = session.active()
+    old = cluster.pids
+    os.kill(old[1], signal.SIGKILL)
+    deadline = time.monotonic() + 5  # the rank server reports the death as soon as it has reaped the rank
+    while session.active() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert session.active() == []
+    again = lab.run(hook="fp16", steps=2)
+    assert cluster.alive and cluster.starts == 2 and not set(cluster.pids) & set(old)
+    assert wait_gone(old) == set()
     assert again.final["param_digests"] == first.final["param_digests"]
 
 
