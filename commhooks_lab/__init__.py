@@ -1,7 +1,10 @@
 """commhooks_lab: run, measure and see PyTorch DDP communication hooks from a notebook.
 
 Heavy parts (pandas, matplotlib, ipywidgets) load on first use, so the rank processes,
-which import this package, start as fast as ``import torch`` allows.
+which import this package, start as fast as ``import torch`` allows. Importing it in a notebook
+or script starts the rank server (a forkserver that imports torch once, so the first run's ranks
+start in a fork's time) and imports a run's own modules on a background thread;
+``COMMHOOKS_LAB_PREWARM=0`` turns both off.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ _SUBMODULES = (
     "doctor",
     "testing",
     "compile_compat",
+    "session",
 )
 
 
@@ -68,3 +72,8 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(list(globals()) + __all__ + list(_SUBMODULES))
+
+
+from . import _prewarm  # noqa: E402  (the rank server and the first run's imports, in the background)
+
+_prewarm.start()

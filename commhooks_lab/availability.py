@@ -34,7 +34,7 @@ def _run_child(entries: list) -> dict[str, dict]:
     import cloudpickle
 
     from . import registry
-    from .launcher.cluster import child_environment
+    from .launcher.environment import child_environment
 
     env = {**os.environ, **child_environment()}
     try:
@@ -338,8 +338,12 @@ def _fsdp2_hook_points() -> dict[str, dict]:
 
 
 def main() -> None:
+    import contextlib
     import logging
     import warnings
+
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(10)  # background information (the dashboard's list): the notebook's own run goes first
 
     import cloudpickle
     import torch.distributed as dist

@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from .launcher.rank_server import DEFAULT_START_METHOD
 from .launcher.torchrun import launch_from_env, under_torchrun
 
 
@@ -175,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.set_defaults(func=_compare)
     check = sub.add_parser("selfcheck", help="start ranks, all-reduce, check that they agree")
     check.add_argument("--world-size", type=int, default=2)
-    check.add_argument("--start-method", default="spawn")
+    check.add_argument(
+        "--start-method", default=DEFAULT_START_METHOD, help="forkserver (the rank server), spawn or fork"
+    )
     check.set_defaults(func=_selfcheck)
     doctor = sub.add_parser("doctor", help="preflight a workshop laptop: a pass/fail table with what to do")
     doctor.set_defaults(func=_doctor)

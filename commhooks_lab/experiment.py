@@ -1,4 +1,4 @@
-"""``run`` one experiment or ``compare`` several, on fresh ranks or a warm :class:`Cluster`."""
+"""``run`` one experiment or ``compare`` several: on the session's warm ranks, fresh ones, or your :class:`Cluster`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from ._compat import power_sgd_defaults
 from .config import ExperimentConfig
 from .fsdp2 import fsdp2_job
 from .hooks import HookChoice
-from .launcher import Cluster, launch
+from .launcher import Cluster
 from .rank_job import run_experiment
 from .result import Result, ResultSet, from_ranks
 
@@ -80,26 +80,38 @@ class _Progress:
             self.bar.close()
 
 
-def _run_checked(config: ExperimentConfig, choice: HookChoice, cluster: Cluster | None, progress: _Progress) -> Result:
+def _run_checked(config: ExperimentConfig, choice: HookChoice, cluster: Cluster, progress: _Progress) -> Result:
     worker = fsdp2_job if config.api == "fsdp2" else run_experiment
-    if cluster is None:
-        ranks = launch(
-            worker,
-            config,
-            choice,
-            world_size=config.world_size,
-            backend=config.backend,
-            timeout_s=config.timeout_s,
-            on_event=progress.event,
+    if cluster.world_size != config.world_size:
+        raise ValueError(
+            f"this Cluster has {cluster.world_size} ranks but the config asks for "
+            f"world_size={config.world_size}; make the Cluster with world_size={config.world_size}"
         )
-    else:
-        if cluster.world_size != config.world_size:
-            raise ValueError(
-                f"this Cluster has {cluster.world_size} ranks but the config asks for "
-                f"world_size={config.world_size}; make the Cluster with world_size={config.world_size}"
-            )
-        ranks = cluster.run(worker, config, choice, timeout_s=config.timeout_s, on_event=progress.event)
-    return assemble_result(config, choice, ranks, cluster.start_method if cluster is not None else "spawn")
+    ranks = cluster.run(worker, config, choice, timeout_s=config.timeout_s, on_event=progress.event)
+    return assemble_result(config, choice, ranks, cluster.start_method)
+
+
+class _Ranks:
+    """Where a call's runs go: your ``cluster``, the session's warm ones, or fresh ones closed at the end."""
+
+    def __init__(self, cluster: Cluster | None, fresh: bool, stack: contextlib.ExitStack):
+        if cluster is not None and fresh:
+            raise ValueError("pass either cluster= (run on those ranks) or fresh=True (start new ranks), not both")
+        self.cluster, self.fresh, self.stack = cluster, fresh, stack
+        self._own: dict[tuple, Cluster] = {}
+
+    def for_config(self, config: ExperimentConfig) -> Cluster:
+        if self.cluster is not None:
+            return self.cluster
+        if not self.fresh:
+            from . import session
+
+            return session.get_cluster(config.world_size, config.backend, config.timeout_s)
+        key = (config.world_size, config.backend, config.timeout_s)
+        if key not in self._own:
+            cluster = Cluster(config.world_size, backend=config.backend, timeout_s=config.timeout_s)
+            self._own[key] = self.stack.enter_context(cluster)
+        return self._own[key]
 
 
 def assemble_result(config: ExperimentConfig, choice: HookChoice, ranks: list[dict], start_method: str) -> Result:
@@ -116,18 +128,23 @@ def run(
     config: ExperimentConfig | None = None,
     cluster: Cluster | None = None,
     *,
+    fresh: bool = False,
     progress: bool = False,
     on_step: StepCallback | None = None,
     **changes,
 ) -> Result:
-    """Run one experiment: ``run(hook="fp16", steps=10)`` or ``run(config, cluster=warm_cluster)``."""
+    """Run one experiment: ``run(hook="fp16", steps=10)``.
+
+    It runs on the session's warm ranks (:mod:`commhooks_lab.session`), on ``cluster`` if you pass
+    one, or on new ranks started for it and stopped after it with ``fresh=True``.
+    """
     config = (config or ExperimentConfig()).replace(**changes)
     choice = config.check()
-    bar = _Progress(config.steps, progress, on_step)
-    try:
-        return _run_checked(config, choice, cluster, bar)
-    finally:
-        bar.close()
+    with contextlib.ExitStack() as stack:
+        ranks = _Ranks(cluster, fresh, stack)
+        bar = _Progress(config.steps, progress, on_step)
+        stack.callback(bar.close)
+        return _run_checked(config, choice, ranks.for_config(config), bar)
 
 
 def compare(
@@ -135,33 +152,26 @@ def compare(
     base: ExperimentConfig | None = None,
     cluster: Cluster | None = None,
     *,
+    fresh: bool = False,
     progress: bool = False,
     on_step: StepCallback | None = None,
     **changes,
 ) -> ResultSet:
-    """Run several hooks (names, dicts of changes, or configs) on the same task; one start-up for all.
+    """Run several hooks (names, dicts of changes, or configs) on the same task, one after another.
 
-    Every config is checked before any process starts. Without a ``cluster`` the ranks are
-    started once per world size and closed at the end.
+    Every config is checked before any rank runs. The runs go to the session's warm ranks, to
+    ``cluster``, or with ``fresh=True`` to new ranks (started once per world size, stopped at the end).
     """
     base = (base or ExperimentConfig()).replace(**changes)
     configs = [as_config(item, base) for item in (DEFAULT_COMPARISON if items is None else items)]
     if not configs:
         raise ValueError("compare needs at least one hook or config")
     choices = [config.check() for config in configs]
-    bar = _Progress(sum(c.steps for c in configs), progress, on_step)
     results = ResultSet()
     with contextlib.ExitStack() as stack:
+        ranks = _Ranks(cluster, fresh, stack)
+        bar = _Progress(sum(c.steps for c in configs), progress, on_step)
         stack.callback(bar.close)
-        clusters: dict[tuple, Cluster] = {}
         for config, choice in zip(configs, choices):
-            use = cluster
-            if use is None:
-                key = (config.world_size, config.backend)
-                if key not in clusters:
-                    clusters[key] = stack.enter_context(
-                        Cluster(config.world_size, backend=config.backend, timeout_s=config.timeout_s)
-                    )
-                use = clusters[key]
-            results.append(_run_checked(config, choice, use, bar))
+            results.append(_run_checked(config, choice, ranks.for_config(config), bar))
     return results

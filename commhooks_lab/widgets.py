@@ -1,6 +1,7 @@
 """HookLab: pick a hook and its options, click Run, watch a real DDP run measure it.
 
-The dashboard keeps a warm :class:`Cluster`, so after the first click a run costs its steps,
+The dashboard runs on the session's warm ranks (:mod:`commhooks_lab.session`, shared with
+``lab.run``, started in the background when the dashboard is made), so a click costs its steps,
 not a start-up. Plots are PNG images and the runs table is HTML, so what the dashboard shows
 is plain widget state: a test can drive it in the kernel (``lab.run_button.click()``) and read
 exactly what a browser would render.
@@ -16,7 +17,7 @@ import time
 import ipywidgets as w
 import matplotlib.pyplot as plt
 
-from . import registry
+from . import registry, session
 from .availability import available_hooks
 from .config import ExperimentConfig
 from .experiment import run
@@ -74,7 +75,10 @@ def _close_tree(widget: w.Widget) -> None:
 class HookLab:
     """The dashboard. ``HookLab()`` then display it (``display(lab)`` or make it a cell's last line)."""
 
-    def __init__(self, world_size: int = 2, steps: int = 20, model: str = "mlp", max_plotted_runs: int = 6):
+    def __init__(
+        self, world_size: int = 2, steps: int = 20, model: str = "mlp", max_plotted_runs: int = 6, fresh: bool = False
+    ):
+        """``fresh=True``: ranks of the dashboard's own, stopped by :meth:`close`, instead of the session's."""
         style = {"description_width": "150px"}
         self._style = style
         self.hook = w.Dropdown(options=registry.hook_names(), value="fp16", description="hook", style=style)
@@ -93,7 +97,8 @@ class HookLab:
         self.agreement = w.Image(format="png", layout=w.Layout(max_width="100%"))
         self.table = w.HTML("")
         self.results = ResultSet()
-        self.cluster: Cluster | None = None
+        self.cluster: Cluster | None = None  # the ranks the last click ran on
+        self.fresh = fresh
         self.max_plotted_runs = max_plotted_runs
         self.last_click_s: float | None = None
 
@@ -101,6 +106,8 @@ class HookLab:
         self.unavailable = w.HTML("<i>trying PyTorch's other hooks on this machine...</i>")
         self._tryout = threading.Thread(target=self._fill_unavailable, name="hooklab-tryout", daemon=True)
         self._tryout.start()
+        if not fresh:
+            session.warm(world_size)  # the ranks start while you read the controls
         self.hook.observe(self._sync_visibility, names="value")
         self.run_button.on_click(self._on_run)
         self._sync_visibility()
@@ -167,11 +174,12 @@ class HookLab:
     # -- running ---------------------------------------------------------------------------------
     def _cluster_for(self, world_size: int) -> Cluster:
         if self.cluster is not None and self.cluster.world_size != world_size:
-            self.cluster.close()
+            if self.fresh:
+                self.cluster.close()
             self.cluster = None
         if self.cluster is None:
-            self.status.value = f"starting {world_size} ranks (a few seconds, once)..."
-            self.cluster = Cluster(world_size)
+            self.status.value = f"starting {world_size} ranks (once)..."
+            self.cluster = Cluster(world_size) if self.fresh else session.get_cluster(world_size)
         return self.cluster
 
     def _on_step(self, rank: int, event: dict) -> None:
@@ -218,10 +226,15 @@ class HookLab:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the ranks and close every widget."""
-        if self.cluster is not None:
+        """Close every widget, and stop the ranks if they are the dashboard's own (``fresh=True``).
+
+        Waits for the background try-out of PyTorch's other hooks (a child process), so that no
+        process outlives the dashboard.
+        """
+        if self.cluster is not None and self.fresh:
             self.cluster.close()
-            self.cluster = None
+        self.cluster = None
+        self._tryout.join()
         _close_tree(self.widget)
 
     def _repr_mimebundle_(self, **kwargs):

@@ -4,16 +4,28 @@ import time
 import psutil
 import pytest
 
-# multiprocessing's own singletons: one per parent, they leave when the parent does.
+from commhooks_lab import session
+
+# multiprocessing's own singletons (the lab's rank servers are forkservers): one per parent, they
+# leave when the parent does.
 SHARED_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
+def _helper_command(p: psutil.Process | None) -> bool:
+    return p is not None and any(h in " ".join(p.cmdline()) for h in SHARED_HELPERS)
+
+
+def is_helper(p: psutil.Process) -> bool:
+    """A helper process itself; not a rank a forkserver forked, which shows its server's command line."""
+    return _helper_command(p) and not _helper_command(p.parent())
+
+
 def live_children() -> set[int]:
-    """Our live descendants, less multiprocessing's per-parent helper processes."""
+    """Our live descendants, less multiprocessing's per-parent helper processes (their forked ranks count)."""
     pids = set()
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and not any(h in " ".join(p.cmdline()) for h in SHARED_HELPERS):
+            if p.status() != psutil.STATUS_ZOMBIE and not is_helper(p):
                 pids.add(p.pid)
         except psutil.NoSuchProcess:
             pass
@@ -44,10 +56,29 @@ def session_members(sid: int) -> set[int]:
     return pids
 
 
+@pytest.fixture(autouse=True)
+def fresh_session():
+    """Every test starts without the warm session's ranks and leaves none: tests never share warm ranks."""
+    yield
+    session.close()
+
+
 @pytest.fixture
 def no_leftover_processes():
-    """Fail the test if it leaves any child process behind."""
+    """Fail the test if it leaves any child process behind once the warm session is closed.
+
+    The session keeps its ranks on purpose (until ``session.close()`` or exit); what must never
+    happen is a rank that outlives ``session.close()``, or ranks the session does not know.
+    """
     before = live_children()
     yield
+    session.close()
     left = wait_gone(live_children() - before, timeout_s=3.0)
     assert not left, f"child processes left behind: {sorted(left)}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """No pytest run leaves ranks behind, whatever its tests did."""
+    from commhooks_lab import session as lab_session
+
+    lab_session.close()

@@ -131,7 +131,7 @@ def test_main_job_runs_under_torchrun():
 UNGUARDED_SCRIPT = """
     import commhooks_lab as lab
 
-    result = lab.run(hook="fp16", steps=3)
+    result = lab.run(hook="fp16", steps=3, cluster=lab.Cluster(start_method="spawn"))
     print(result.steps["rel_error"].max())
 """
 
@@ -148,7 +148,17 @@ def test_a_script_without_a_main_guard_is_told_the_two_line_fix(tmp_path):
         r"WorkerError: rank \d exited with code 1 while starting, before it could run your code", out.stderr
     )
     assert "every rank first imports the script you ran" in out.stderr
-    fix = 'if __name__ == "__main__":\n        result = lab.run(hook="fp16", steps=3)\n'
+    call = 'result = lab.run(hook="fp16", steps=3, cluster=lab.Cluster(start_method="spawn"))'
+    fix = f'if __name__ == "__main__":\n        {call}\n'
     assert fix in out.stderr  # the user's own line, under the guard
     assert "bootstrapping phase" in out.stderr  # Python's own words, from the rank's stderr
     assert elapsed < 20, f"the error took {elapsed:.1f} s"  # interpreter start and imports included
+
+
+def test_ranks_from_the_rank_server_never_import_the_script(tmp_path):
+    """The default start method forks ranks from the rank server without the script: no main guard needed."""
+    script = tmp_path / "my_experiment.py"
+    script.write_text(textwrap.dedent(UNGUARDED_SCRIPT.replace(', cluster=lab.Cluster(start_method="spawn")', "")))
+    out = _run([sys.executable, str(script)], timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert 1e-5 < float(out.stdout) < 1e-2  # fp16's rel_error

@@ -14,16 +14,15 @@ import logging
 import os
 import pickle
 import signal
-import socket
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from . import rank_process
+from . import rank_process, rank_server
+from .environment import child_environment, patched_environ
 from .errors import RankFailure, WorkerError, WorkerTimeoutError, explain_death
 from .options import DEFAULT_TIMEOUT_S, check_launch_options
 from .rank_logs import RankLog, stderr_into
@@ -47,46 +46,6 @@ SHUTDOWN_GRACE_S = 5.0
 START_TIMEOUT_S = 60.0
 #: While ranks make no progress, say so in the notebook this often.
 STALL_REPORT_S = 10.0
-
-_env_lock = threading.Lock()
-
-
-def _loopback_interface() -> str | None:
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        return None
-    return next((n for n in names if n.startswith("lo")), None)
-
-
-def child_environment(overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """Variables the ranks must see *before* they import torch.
-
-    One thread per rank makes gloo's reductions bit-reproducible (``torch.set_num_threads``
-    does not reach gloo's callback threads) and avoids oversubscribing a laptop's cores.
-    """
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    loopback = _loopback_interface()
-    if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
-        env["GLOO_SOCKET_IFNAME"] = loopback  # hostnames that resolve off-machine break gloo
-    env.update(overrides or {})
-    return env
-
-
-@contextlib.contextmanager
-def _patched_environ(env: dict[str, str]):
-    """Spawned children copy ``os.environ`` at start; set ours just for that moment."""
-    with _env_lock:
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 def serialize_task(fn: Callable, args: tuple) -> bytes:
@@ -136,10 +95,6 @@ def _start_helpers(start_method: str) -> None:
     from multiprocessing import resource_tracker
 
     resource_tracker.ensure_running()
-    if start_method == "forkserver":
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
 
 
 def _say(line: str) -> None:
@@ -196,6 +151,11 @@ class Cluster:
     Use it as a context manager, or keep one in a notebook and ``close()`` it (it also closes
     itself on garbage collection and at interpreter exit). After a worker error the ranks are
     torn down and the next ``run`` starts fresh ones.
+
+    ``start_method``: "forkserver" (the default on Linux; spawn elsewhere) forks the ranks from
+    the lab's rank server, a fresh interpreter with torch already imported
+    (:mod:`~commhooks_lab.launcher.rank_server`); "spawn" starts each rank as a new interpreter
+    (seconds slower, nothing shared); "fork" copies this process (unsafe in a threaded kernel).
     """
 
     def __init__(
@@ -204,7 +164,7 @@ class Cluster:
         *,
         backend: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        start_method: str = "spawn",
+        start_method: str = rank_server.DEFAULT_START_METHOD,
         env: dict[str, str] | None = None,
     ):
         self.backend = check_launch_options(world_size, backend, timeout_s, start_method)
@@ -218,6 +178,7 @@ class Cluster:
         self._conns: list = []
         self._store: list = []
         self._logs: list[RankLog] = []
+        self._server: rank_server.RankServer | None = None
         self._finalizer: weakref.finalize | None = None
         self.start()
 
@@ -235,9 +196,6 @@ class Cluster:
         if self.alive:
             return
         self._stop(graceful=False)
-        import torch.multiprocessing as mp
-
-        mp_ctx: Any = mp.get_context(self.start_method)
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._store, self._logs, True)
         self.starts += 1
         try:
@@ -245,42 +203,73 @@ class Cluster:
             # no collisions between re-run cells or two kernels, nothing open to the network.
             store = loopback_store(self.timeout_s)
             self._store.append(store)
-            _start_helpers(self.start_method)
-            with _patched_environ(self.env):
-                for rank in range(self.world_size):
-                    parent_end, child_end = mp_ctx.Pipe(duplex=True)
-                    rank_log = RankLog(rank)
-                    self._logs.append(rank_log)
-                    proc = mp_ctx.Process(
-                        target=rank_process.worker_main,
-                        args=(
-                            rank,
-                            self.world_size,
-                            self.backend,
-                            store.port,
-                            self.timeout_s,
-                            child_end,
-                            rank_log.path,
-                        ),
-                        name=f"commhooks-rank{rank}",
-                        daemon=True,
-                    )
-                    try:
-                        with stderr_into(rank_log.path):  # from its first instruction: bootstrap errors too
-                            proc.start()
-                    except BaseException:
-                        parent_end.close()
-                        raise
-                    finally:
-                        child_end.close()
-                    self._procs.append(proc)
-                    self._conns.append(parent_end)
+            if self.start_method == "forkserver":
+                self._start_forked(store.port)
+            else:
+                self._start_processes(store.port)
             self._collect(rank_process.READY, max(self.timeout_s, START_TIMEOUT_S), None)
             for rank_log in self._logs:
                 rank_log.detach()  # every rank holds its stderr file open now
         except BaseException:
             self._stop(graceful=False)
             raise
+
+    def _rank_args(self, rank: int, port: int, child_end, rank_log: RankLog, environ: dict | None) -> tuple:
+        return (rank, self.world_size, self.backend, port, self.timeout_s, child_end, rank_log.path, environ)
+
+    def _start_forked(self, port: int) -> None:
+        """Fork every rank from the rank server; each rank sets the environment it is handed."""
+        import multiprocessing
+
+        environ = {**os.environ, **self.env}
+        self._server = rank_server.server_for(environ)
+        for rank in range(self.world_size):
+            parent_end, child_end = multiprocessing.Pipe(duplex=True)
+            rank_log = RankLog(rank)
+            self._logs.append(rank_log)
+            proc = rank_server.RankProcess(
+                target=rank_process.worker_main,
+                args=self._rank_args(rank, port, child_end, rank_log, environ),
+                name=f"commhooks-rank{rank}",
+                daemon=True,
+            )
+            try:
+                rank_server.start(proc, self._server, max(self.timeout_s, START_TIMEOUT_S))
+            except BaseException:
+                parent_end.close()
+                raise
+            finally:
+                child_end.close()
+            self._procs.append(proc)
+            self._conns.append(parent_end)
+
+    def _start_processes(self, port: int) -> None:
+        """Spawn (or fork) every rank; each inherits our environment and fd 2, both patched for the moment."""
+        import torch.multiprocessing as mp
+
+        mp_ctx: Any = mp.get_context(self.start_method)
+        _start_helpers(self.start_method)
+        with patched_environ(self.env):
+            for rank in range(self.world_size):
+                parent_end, child_end = mp_ctx.Pipe(duplex=True)
+                rank_log = RankLog(rank)
+                self._logs.append(rank_log)
+                proc = mp_ctx.Process(
+                    target=rank_process.worker_main,
+                    args=self._rank_args(rank, port, child_end, rank_log, None),
+                    name=f"commhooks-rank{rank}",
+                    daemon=True,
+                )
+                try:
+                    with stderr_into(rank_log.path):  # from its first instruction: bootstrap errors too
+                        proc.start()
+                except BaseException:
+                    parent_end.close()
+                    raise
+                finally:
+                    child_end.close()
+                self._procs.append(proc)
+                self._conns.append(parent_end)
 
     def _stop(self, graceful: bool) -> None:
         if self._finalizer is not None and self._finalizer.alive:
@@ -332,6 +321,8 @@ class Cluster:
         finally:
             for rank_log in self._logs:
                 rank_log.forward()  # what the ranks printed reaches our stderr, as it would unredirected
+            if self._server is not None:
+                self._server.log.forward()
 
     def _wait_for(self, expected: str, timeout_s: float, on_event: EventCallback | None) -> list:
         results: list = [None] * self.world_size
@@ -411,6 +402,8 @@ class Cluster:
         proc = self._procs[rank]
         proc.join(1.0)
         tail = self._logs[rank].tail() if rank < len(self._logs) else ""
+        if not tail and self._server is not None:  # it died before it took its own stderr: the server has it
+            tail = self._server.log.tail()
         summary = f"{_describe_exit(proc.exitcode)} while {phase}"
         explanation = explain_death(tail)
         if explanation:

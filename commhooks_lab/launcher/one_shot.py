@@ -7,6 +7,7 @@ from typing import Any
 
 from .cluster import Cluster, EventCallback, serialize_task
 from .options import DEFAULT_TIMEOUT_S, check_launch_options
+from .rank_server import DEFAULT_START_METHOD
 
 
 def launch(
@@ -15,7 +16,7 @@ def launch(
     world_size: int = 2,
     backend: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
-    start_method: str = "spawn",
+    start_method: str = DEFAULT_START_METHOD,
     on_event: EventCallback | None = None,
 ) -> list:
     """Run ``fn(ctx, *args)`` on ``world_size`` fresh DDP ranks and return their values, rank order.

@@ -58,7 +58,8 @@ def check_launch_options(world_size, backend, timeout_s, start_method) -> str:
     methods = multiprocessing.get_all_start_methods()
     if start_method not in methods:
         raise ValueError(
-            f"unknown start_method {start_method!r}; choose one of {methods} ('spawn' is safest in notebooks)"
+            f"unknown start_method {start_method!r}; choose one of {methods} ('forkserver', the lab's "
+            "preloaded rank server, and 'spawn' are safe in notebooks; 'fork' is not)"
         )
     if backend is None:
         return "nccl" if _cuda_device_count() >= world_size else "gloo"

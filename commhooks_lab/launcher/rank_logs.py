@@ -30,8 +30,9 @@ class RankLog:
     as the rank and this object, and a kernel killed with SIGKILL leaves nothing in /tmp.
     """
 
-    def __init__(self, rank: int):
-        fd, self.path = tempfile.mkstemp(prefix=f"commhooks-rank{rank}-", suffix=".stderr")
+    def __init__(self, rank: int | str):
+        who = f"rank{rank}" if isinstance(rank, int) else rank
+        fd, self.path = tempfile.mkstemp(prefix=f"commhooks-{who}-", suffix=".stderr")
         os.close(fd)
         self._fd: int | None = os.open(self.path, os.O_RDONLY)
         self._linked = True

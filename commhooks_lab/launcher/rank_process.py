@@ -97,9 +97,19 @@ class Channel:
 
 
 def _exit_when_orphaned(poll_s: float = 0.5) -> None:
-    """Leave at once if the parent dies (kernel killed, SIGKILL): no orphans, ever."""
+    """Leave at once if the parent dies (kernel killed, SIGKILL): no orphans, ever.
+
+    The parent is the process that asked for this rank: the notebook's kernel, whose end of a pipe
+    (multiprocessing's parent sentinel) closes when it dies. Under the rank server, ``getppid`` is
+    the server, which outlives the kernel while any rank it forked is alive.
+    """
+    import multiprocessing
+    from multiprocessing.connection import wait
+
     parent = os.getppid()
-    try:  # Linux: let the kernel deliver SIGKILL when the parent goes.
+    asker = multiprocessing.parent_process()
+    sentinel = asker.sentinel if asker is not None else None
+    try:  # Linux: let the kernel deliver SIGKILL when the process that forked us goes.
         import ctypes
         import signal
 
@@ -111,7 +121,10 @@ def _exit_when_orphaned(poll_s: float = 0.5) -> None:
         while True:
             if os.getppid() != parent:
                 os._exit(1)
-            time.sleep(poll_s)
+            if sentinel is None:
+                time.sleep(poll_s)
+            elif wait([sentinel], poll_s):
+                os._exit(1)
 
     threading.Thread(target=watch, name="commhooks-orphan-watch", daemon=True).start()
 
@@ -130,11 +143,25 @@ def init_process_group(rank: int, world_size: int, backend: str, store, timeout_
 
 
 def worker_main(
-    rank: int, world_size: int, backend: str, store_port: int, timeout_s: float, conn, stderr_path: str | None = None
+    rank: int,
+    world_size: int,
+    backend: str,
+    store_port: int,
+    timeout_s: float,
+    conn,
+    stderr_path: str | None = None,
+    environ: dict[str, str] | None = None,
 ) -> None:
-    """Entry point of one rank started by :class:`commhooks_lab.Cluster`."""
+    """Entry point of one rank started by :class:`commhooks_lab.Cluster`.
+
+    ``environ``: the whole environment this rank must see (a rank forked by the rank server
+    inherited the server's; spawned ranks copied the notebook's already).
+    """
     import signal
 
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     if stderr_path is not None:
         from .rank_logs import redirect_own_stderr
 
