@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
 import socket
@@ -49,6 +50,9 @@ import commhooks_lab  # noqa: E402
 
 def ddp_steps(steps: int) -> float:
     """The job: a few DDP training steps in an already-initialised process group."""
+    import torch
+    import torch.distributed as dist
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -132,29 +136,9 @@ def _reliability(outcomes: list[str | None], runs: int) -> str:
     return text + "".join(f"; {n} {why}" for why, n in counts.items())
 
 
-#: The DDP job of the first-run section, defined in the fresh interpreter itself (it travels by value).
-_JOB = """
-import time
-t0 = time.perf_counter()
-
-
-def ddp_steps(steps):
-    import torch
-    import torch.distributed as dist
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    gen = torch.Generator().manual_seed(dist.get_rank())
-    for _ in range(steps):
-        x, y = torch.randn(32, 784, generator=gen), torch.randint(0, 10, (32,), generator=gen)
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(ddp(x), y)
-        loss.backward()
-        opt.step()
-    return loss.item()
-"""
+#: The DDP job of the first-run section, defined in the fresh interpreter itself (it travels by value):
+#: ``ddp_steps``'s own source, so both sections time the same job.
+_JOB = "import time\nt0 = time.perf_counter()\n\n\n" + inspect.getsource(ddp_steps)
 #: (imports, the run) of each first-run variant; the job itself is ``_JOB``'s.
 _DEBUG_LAUNCHER = (
     """

@@ -17,17 +17,18 @@ States with nothing to remember (None, a process group) need neither.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
-import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from .quiet import quiet_logger
 
 #: Written by rank 0: which run this is, where it stopped, and the rows measured so far.
 RUN_FILE = "run.json"
@@ -96,16 +97,20 @@ def _decode(node: dict, tensors: dict[str, torch.Tensor], device: torch.device |
     return node["value"]
 
 
+def _write_whole(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Write to a temporary name, then rename: a crash never leaves half a file under ``path``."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as f:
+        write(f)
+    os.replace(partial, path)
+
+
 def save_tree(stem: Path, tree: Any) -> None:
     """``stem``.json and ``stem``.pt; written to temporary names first, so a crash leaves no half file."""
     tensors: dict[str, torch.Tensor] = {}
     structure = _encode(tree, tensors, "")
-    partial = stem.with_suffix(".pt.partial")
-    torch.save(tensors, partial)
-    os.replace(partial, stem.with_suffix(".pt"))
-    partial = stem.with_suffix(".json.partial")
-    partial.write_text(json.dumps(structure))
-    os.replace(partial, stem.with_suffix(".json"))
+    _write_whole(stem.with_suffix(".pt"), lambda f: torch.save(tensors, f))
+    _write_whole(stem.with_suffix(".json"), lambda f: f.write(json.dumps(structure).encode()))
 
 
 def load_tree(stem: Path, device: torch.device | str = "cpu") -> Any:
@@ -124,16 +129,8 @@ def _is_power_sgd_state(state: Any) -> bool:
     return isinstance(state, PowerSGDState)
 
 
-@contextlib.contextmanager
-def _quiet_power_sgd():
-    """PowerSGDState's own (de)serialisers log a NOTE about the process group every time."""
-    logger = logging.getLogger("torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+#: PowerSGDState's own (de)serialisers log a NOTE about the process group every time.
+POWER_SGD_LOGGER = "torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook"
 
 
 def is_stateless(state: Any) -> bool:
@@ -150,7 +147,7 @@ def hook_state_dict(state: Any, parameters: list | None = None) -> Any:
     if is_stateless(state):
         return None
     if _is_power_sgd_state(state):
-        with _quiet_power_sgd():
+        with quiet_logger(POWER_SGD_LOGGER):
             return state.__getstate__()
     if callable(getattr(state, "state_dict", None)):
         return state.state_dict(**_with_parameters(state.state_dict, parameters))
@@ -165,7 +162,7 @@ def load_hook_state(state: Any, saved: Any, parameters: list | None = None) -> N
     if is_stateless(state):
         return
     if _is_power_sgd_state(state):
-        with _quiet_power_sgd():
+        with quiet_logger(POWER_SGD_LOGGER):
             state.__setstate__(saved)
         return
     state.load_state_dict(saved, **_with_parameters(state.load_state_dict, parameters))
@@ -191,10 +188,7 @@ def load_rank(folder: str | Path, rank: int, device: torch.device | str) -> dict
 
 
 def write_run(folder: str | Path, meta: dict) -> None:
-    path = Path(folder) / RUN_FILE
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(meta, default=str))
-    os.replace(partial, path)
+    _write_whole(Path(folder) / RUN_FILE, lambda f: f.write(json.dumps(meta, default=str).encode()))
 
 
 def read_run(folder: str | Path) -> dict:

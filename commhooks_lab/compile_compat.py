@@ -16,14 +16,13 @@ default (no C++ build: seconds on a laptop); pass ``backend="inductor"`` to use 
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from . import registry
 from .hooks import HookChoice, build_hook, check_hook_choice
+from .quiet import quiet_logger
 
 MODES = ("eager", "ddp_optimizer", "compiled_autograd")
 #: Steps per case: PowerSGD (start_powerSGD_iter=2) compresses in the last, error feedback has memory.
@@ -31,17 +30,10 @@ STEPS = 3
 _CACHE: dict[tuple, Any] = {}
 
 
-@contextlib.contextmanager
 def quiet_dynamo():
     """Hide Dynamo's warning that DDP's profiler ``record_function`` is ignored while tracing (it is harmless
     and every compiled DDP step would print it into the notebook); real errors still raise."""
-    logger = logging.getLogger("torch._dynamo")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+    return quiet_logger("torch._dynamo")
 
 
 def as_choice(item: Any) -> HookChoice:

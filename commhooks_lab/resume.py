@@ -69,7 +69,6 @@ def resume_rank(ctx, config: ExperimentConfig, setup, task, probe, loss_fn) -> t
     """Load this rank's checkpoint into a freshly set-up run; returns (next step, step rows, layer rows, notes)."""
     assert config.resume_from is not None
     folder = Path(config.resume_from)
-    meta = checkpoint.read_run(folder)
     saved = checkpoint.load_rank(folder, ctx.rank, ctx.device)
     start = saved["step"]
     for _ in range(start):  # the data each rank already trained on
@@ -86,6 +85,7 @@ def resume_rank(ctx, config: ExperimentConfig, setup, task, probe, loss_fn) -> t
         checkpoint.load_hook_state(setup.state, saved["hook_state"], params)
     torch.set_rng_state(saved["torch_rng"])
     notes = [resume_note(config, start, saved)]
+    meta = checkpoint.read_run(folder) if ctx.is_main else {}  # the rows measured so far: rank 0 reports them
     return start, meta.get("steps", []), meta.get("layers", []), notes
 
 

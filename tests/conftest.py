@@ -4,7 +4,7 @@ import time
 import psutil
 import pytest
 
-from commhooks_lab import session
+from commhooks_lab import Cluster, session
 
 # multiprocessing's own singletons (the lab's rank servers are forkservers): one per parent, they
 # leave when the parent does.
@@ -54,6 +54,13 @@ def session_members(sid: int) -> set[int]:
         except (OSError, psutil.Error):
             pass
     return pids
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two warm ranks shared by one test module's tests (a module that needs another size defines its own)."""
+    with Cluster(world_size=2) as c:
+        yield c
 
 
 @pytest.fixture(autouse=True)

@@ -23,12 +23,6 @@ ACCELERATE_CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with lab.Cluster(world_size=2) as c:
-        yield c
-
-
 @pytest.mark.parametrize("case", list(ACCELERATE_CASES))
 def test_accelerate_and_plain_pytorch_train_bit_identical_parameters(cluster, case):
     hook, wrapper, options = ACCELERATE_CASES[case]

@@ -120,12 +120,6 @@ def test_resuming_another_experiment_is_refused(tmp_path):
 # -- resuming on two real ranks -------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with lab.Cluster(world_size=2) as c:
-        yield c
-
-
 MEASURED = ["loss", "rel_error", "cumulative_rel_error", "payload_bytes", "accuracy"]
 
 CASES = {

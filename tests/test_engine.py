@@ -17,12 +17,6 @@ pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with lab.Cluster(world_size=2) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def basic(cluster):
     """The stateless hooks, 4 steps each, on one warm cluster."""
     return lab.compare(["allreduce", "fp16", "bf16", "noop", "no"], steps=4, cluster=cluster)

@@ -4,7 +4,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import commhooks_lab as lab
 from commhooks_lab import exercises
 from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG, compressing_hooks
 
@@ -72,12 +71,6 @@ def test_prediction_on_its_three_paths():
 
 
 # -- hooks, run through the lab on a warm cluster --------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with lab.Cluster(world_size=2) as c:
-        yield c
 
 
 def topk_hook_stub(state, bucket):

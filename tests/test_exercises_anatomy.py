@@ -5,7 +5,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-import commhooks_lab as lab
 from commhooks_lab import exercises
 from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG, anatomy
 
@@ -30,12 +29,6 @@ def test_first_step_buckets_prediction_on_its_three_paths():
 def test_the_bucket_answer_is_read_from_what_the_hook_saw():
     two_at_first = [{"step": 0}, {"step": 0}, {"step": 1}]
     assert anatomy.check_first_step_buckets(2, two_at_first).status == RIGHT
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with lab.Cluster(world_size=2) as c:
-        yield c
 
 
 def stub(state, bucket):

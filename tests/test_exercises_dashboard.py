@@ -5,7 +5,6 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-import commhooks_lab as lab
 from commhooks_lab import netmodel
 from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
 from commhooks_lab.exercises import dashboard as ex
@@ -35,12 +34,6 @@ def test_reference_answer_from_the_byte_rules():
     assert ex.half_bytes_rank(mlp) == 18
     assert ex.uncompressed_from(mlp) == {"128x64": 22, "10x128": 5}
     assert ex.uncompressed_from([(10, 100)], min_compression_rate=0.01) == {"10x100": None}  # never
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with lab.Cluster(world_size=2) as c:
-        yield c
 
 
 def test_half_bytes_rank_check_on_its_three_paths(cluster, capsys):

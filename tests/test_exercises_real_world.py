@@ -6,18 +6,11 @@ import pandas as pd
 import pytest
 import torch.distributed as dist
 
-import commhooks_lab as lab
 from commhooks_lab.contract import completed_future
 from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
 from commhooks_lab.exercises import real_world as exercise
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with lab.Cluster(world_size=2) as c:
-        yield c
 
 
 def stub(state, bucket):

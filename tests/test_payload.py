@@ -50,12 +50,6 @@ GATHERS = {"all_gather", "all_gather_keyword", "all_gather_single", "all_gather_
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with lab.Cluster(world_size=2) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def collectives(cluster):
     configs = [
         {"hook": getattr(hooks, name), **({"state_factory": hooks.group_of_rank0} if "group" in name else {})}

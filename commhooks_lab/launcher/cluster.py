@@ -214,8 +214,26 @@ class Cluster:
             self._stop(graceful=False)
             raise
 
-    def _rank_args(self, rank: int, port: int, child_end, rank_log: RankLog, environ: dict | None) -> tuple:
-        return (rank, self.world_size, self.backend, port, self.timeout_s, child_end, rank_log.path, environ)
+    def _add_rank(self, rank: int, port: int, mp_ctx: Any, process_class: Any, environ: dict | None, start) -> None:
+        """One rank: its pipe and log, the process, ``start(proc, rank_log)``; kept only once it started."""
+        parent_end, child_end = mp_ctx.Pipe(duplex=True)
+        rank_log = RankLog(rank)
+        self._logs.append(rank_log)
+        proc = process_class(
+            target=rank_process.worker_main,
+            args=(rank, self.world_size, self.backend, port, self.timeout_s, child_end, rank_log.path, environ),
+            name=f"commhooks-rank{rank}",
+            daemon=True,
+        )
+        try:
+            start(proc, rank_log)
+        except BaseException:
+            parent_end.close()
+            raise
+        finally:
+            child_end.close()
+        self._procs.append(proc)
+        self._conns.append(parent_end)
 
     def _start_forked(self, port: int) -> None:
         """Fork every rank from the rank server; each rank sets the environment it is handed."""
@@ -223,25 +241,16 @@ class Cluster:
 
         environ = {**os.environ, **self.env}
         self._server = rank_server.server_for(environ)
+        timeout_s = max(self.timeout_s, START_TIMEOUT_S)
         for rank in range(self.world_size):
-            parent_end, child_end = multiprocessing.Pipe(duplex=True)
-            rank_log = RankLog(rank)
-            self._logs.append(rank_log)
-            proc = rank_server.RankProcess(
-                target=rank_process.worker_main,
-                args=self._rank_args(rank, port, child_end, rank_log, environ),
-                name=f"commhooks-rank{rank}",
-                daemon=True,
+            self._add_rank(
+                rank,
+                port,
+                multiprocessing,
+                rank_server.RankProcess,
+                environ,
+                lambda proc, _log: rank_server.start(proc, self._server, timeout_s),
             )
-            try:
-                rank_server.start(proc, self._server, max(self.timeout_s, START_TIMEOUT_S))
-            except BaseException:
-                parent_end.close()
-                raise
-            finally:
-                child_end.close()
-            self._procs.append(proc)
-            self._conns.append(parent_end)
 
     def _start_processes(self, port: int) -> None:
         """Spawn (or fork) every rank; each inherits our environment and fd 2, both patched for the moment."""
@@ -249,27 +258,14 @@ class Cluster:
 
         mp_ctx: Any = mp.get_context(self.start_method)
         _start_helpers(self.start_method)
+
+        def start(proc, rank_log: RankLog) -> None:
+            with stderr_into(rank_log.path):  # from its first instruction: bootstrap errors too
+                proc.start()
+
         with patched_environ(self.env):
             for rank in range(self.world_size):
-                parent_end, child_end = mp_ctx.Pipe(duplex=True)
-                rank_log = RankLog(rank)
-                self._logs.append(rank_log)
-                proc = mp_ctx.Process(
-                    target=rank_process.worker_main,
-                    args=self._rank_args(rank, port, child_end, rank_log, None),
-                    name=f"commhooks-rank{rank}",
-                    daemon=True,
-                )
-                try:
-                    with stderr_into(rank_log.path):  # from its first instruction: bootstrap errors too
-                        proc.start()
-                except BaseException:
-                    parent_end.close()
-                    raise
-                finally:
-                    child_end.close()
-                self._procs.append(proc)
-                self._conns.append(parent_end)
+                self._add_rank(rank, port, mp_ctx, mp_ctx.Process, None, start)
 
     def _stop(self, graceful: bool) -> None:
         if self._finalizer is not None and self._finalizer.alive:
