@@ -1,4 +1,4 @@
-"""Save a run at step k and resume it in new processes, hook state included, in a safe format.
+"""Save a run at step k and resume it from the files alone (new processes too), hook state included, safely.
 
 A comm hook's memory (PowerSGD's error feedback and warm-start matrices, a compressor's residuals)
 is not in ``model.state_dict()``, and DDP takes a hook only once per model, so a resumed job

@@ -91,7 +91,7 @@ def resume_rank(ctx, config: ExperimentConfig, setup, task, probe, loss_fn) -> t
 
 def resume_note(config: ExperimentConfig, start: int, saved: dict) -> str:
     """Say what this run restored, and what it dropped."""
-    where = f"resumed from {config.resume_from} at step {start} in new processes"
+    where = f"resumed from {config.resume_from} at step {start} (a new DDP model, loaded from the files)"
     if saved["hook_state"] is None:
         return f"{where}; this hook keeps no state between steps."
     kept = describe_state(saved["hook_state"])

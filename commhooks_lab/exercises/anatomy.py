@@ -163,7 +163,8 @@ def _verify_divide_after(hook, cluster=None, world_size: int = 2) -> str | None:
     got = mine["grads"].get(case)
     return (
         f"On the {case!r} gradients your hook leaves {None if got is None else got.tolist()} in .grad, which is not "
-        "float16 sum then divide by W: check what the future returns (the bucket's tensor, float32, same shape)."
+        "the float16 sum divided by W: check the arithmetic (cast to float16, all-reduce the sum, divide by the world "
+        "size) and what the future returns (the bucket's tensor, float32, same shape)."
     )
 
 

@@ -112,12 +112,10 @@ def _verify_best_rank_r_error(fn) -> str | None:
     for mistake, hint in _mistakes():
         if all(_close(g, mistake(m, r)) for g, (m, r) in zip(got, cases)):
             return hint
-    for g, (m, r) in zip(got, cases):
-        if r >= min(m.shape) and not _close(g, 0.0):
-            return (
-                f"a {m.shape[0]}x{m.shape[1]} matrix has matrix rank at most {min(m.shape)}: its best approximation "
-                f"of matrix rank {r} is the matrix itself, with error 0."
-            )
+    if all(
+        abs(g - best_rank_r_error(m, r)) <= 1e-4 * abs(best_rank_r_error(m, r)) + 1e-6 for g, (m, r) in zip(got, cases)
+    ):
+        return "right up to rounding: compute in float64 (matrix.double()); float32 rounds the singular values."
     return (
         "your numbers differ from the truncated-SVD error on test matrices: build M_r from torch.linalg.svd on a "
         "small matrix, compute ||M - M_r||_F / ||M||_F directly, and compare with your formula."

@@ -119,6 +119,11 @@ def _verify_rel_error(fn) -> str | None:
         for hint, formula in _WRONG_FORMULAS:
             if _same(got, float(formula(h, exact))):
                 return hint
+        if math.isclose(got, rel_error(h, exact), rel_tol=1e-4):
+            return (
+                f"Right formula, but {got:.9g} is not {rel_error(h, exact):.9g}: rounding changed it, "
+                "so compute in float64 (h.double(), exact.double()) before you subtract."
+            )
         return (
             f"On a fixed test pair your function returns {got:.6g}, which is not ||h - exact|| / ||exact||: "
             "subtract first, take the 2-norm of the difference, divide by the 2-norm of exact."
