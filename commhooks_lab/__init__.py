@@ -56,10 +56,13 @@ _SUBMODULES = (
     "testing",
     "compile_compat",
     "session",
+    "numerics",
 )
 
 
 def __getattr__(name: str):
+    if name == "numerics":
+        return _numerics
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
     module = _EXPORTS.get(name)
@@ -73,6 +76,11 @@ def __getattr__(name: str):
 def __dir__():
     return sorted(list(globals()) + __all__ + list(_SUBMODULES))
 
+
+from .launcher import numerics as _numerics  # noqa: E402
+
+#: What portable numerics could not pin any more in this process (torch ran before the import); see ``doctor``.
+NUMERICS_PROBLEMS = _numerics.apply_here()
 
 from . import _prewarm  # noqa: E402  (the rank server and the first run's imports, in the background)
 

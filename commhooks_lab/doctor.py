@@ -216,6 +216,27 @@ def check_nbval() -> Check:
     return Check("nbval", PASS, version)
 
 
+def check_numerics() -> Check:
+    """Does this machine compute the bits the committed notebook outputs were made with?"""
+    from . import fingerprint
+    from .launcher import numerics
+
+    seen = fingerprint.in_child()
+    problems = fingerprint.differences(seen)
+    where = f"{numerics.mode()} numerics, ATen {seen['aten_kernels']} kernels"
+    if not problems:
+        return Check("reference numbers", PASS, f"the same bits as the reference machine ({where})")
+    advice = (
+        "the notebooks run, but their numbers differ in the last digits from the committed outputs, so strict "
+        "nbval fails here: check them with `pytest --lab-tolerant` (commhooks_lab.testing)"
+    )
+    if numerics.mode() == numerics.NATIVE:
+        advice = (
+            f"unset {numerics.MODE_VARIABLE} (portable numerics give the reference bits on any x86-64 CPU); " + advice
+        )
+    return Check("reference numbers", INFO, f"{where}: " + "; ".join(problems), advice)
+
+
 def all_checks() -> list[Callable[[], Check]]:
     return [
         check_python,
@@ -226,6 +247,7 @@ def all_checks() -> list[Callable[[], Check]]:
         lambda: check_start_method("spawn"),
         lambda: check_start_method("forkserver"),
         check_gloo_allreduce,
+        check_numerics,
         check_widgets,
         check_matplotlib,
         check_nbval,

@@ -18,12 +18,13 @@ def test_doctor_passes_here_and_prints_a_table(capsys):
         "loopback rendezvous",
         "start method spawn",
         "2-rank gloo all-reduce",
+        "reference numbers",
         "ipywidgets",
         "matplotlib",
         "nbval",
     ):
         assert name in out
-    assert "all 11 checks passed" in out and "FAIL" not in out
+    assert "all 12 checks passed" in out and "FAIL" not in out
 
 
 def test_a_blocked_start_method_fails_with_advice(monkeypatch):
@@ -63,10 +64,23 @@ def test_missing_nbval_and_a_crashing_check_are_failures_not_crashes(monkeypatch
     assert "pip install nbval" in out and "RuntimeError: boom" in out and "2 of 3 checks failed" in out
 
 
+def test_a_machine_with_other_bits_is_told_what_that_means(monkeypatch):
+    from commhooks_lab import fingerprint
+
+    seen = {**fingerprint.reference(), "aten_kernels": "AVX2"}
+    seen["parts"] = {**seen["parts"], "conv": "0" * 16}
+    monkeypatch.setattr(fingerprint, "in_child", lambda: seen)
+    result = doctor.check_numerics()
+    assert result.status == doctor.INFO and "conv differs: a convolution's forward and backward (oneDNN)" in result.seen
+    assert "strict nbval fails here" in result.advice and "--lab-tolerant" in result.advice
+    monkeypatch.setenv("COMMHOOKS_LAB_NUMERICS", "native")
+    assert doctor.check_numerics().advice.startswith("unset COMMHOOKS_LAB_NUMERICS")
+
+
 def test_doctor_is_a_command():
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-m", "commhooks_lab", "doctor"], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "all 11 checks passed" in out.stdout
+    assert "all 12 checks passed" in out.stdout

@@ -10,6 +10,9 @@ import os
 import socket
 import threading
 
+from .numerics import ONE_THREAD
+from .numerics import variables as numerics_variables
+
 #: Set in every rank, rank server and helper child the lab starts: they never start a rank server themselves.
 PREWARM_VARIABLE = "COMMHOOKS_LAB_PREWARM"
 
@@ -17,6 +20,7 @@ PREWARM_VARIABLE = "COMMHOOKS_LAB_PREWARM"
 #: inherits them from its rank server, so they are the server's identity; every other variable is
 #: set in the rank after the fork, from the notebook's ``os.environ`` at that moment.
 IMPORT_TIME_PREFIXES = (
+    "ATEN_",
     "OMP_",
     "MKL_",
     "KMP_",
@@ -49,10 +53,13 @@ def _loopback_interface() -> str | None:
 def child_environment(overrides: dict[str, str] | None = None) -> dict[str, str]:
     """Variables the ranks must see *before* they import torch.
 
-    One thread per rank makes gloo's reductions bit-reproducible (``torch.set_num_threads``
-    does not reach gloo's callback threads) and avoids oversubscribing a laptop's cores.
+    One thread per rank: PyTorch's own CPU kernels split a reduction by thread count, so the
+    count changes the last bits (``torch.set_num_threads`` does not reach the kernels a hook runs
+    on gloo's callback threads; gloo's element-wise sums do not depend on it), and a laptop's
+    cores are shared by the ranks anyway. Portable numerics (:mod:`.numerics`) pins the kernels
+    each math library picks by CPU.
     """
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", PREWARM_VARIABLE: "0"}
+    env = {**ONE_THREAD, **numerics_variables(), PREWARM_VARIABLE: "0"}
     loopback = _loopback_interface()
     if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
         env["GLOO_SOCKET_IFNAME"] = loopback  # hostnames that resolve off-machine break gloo

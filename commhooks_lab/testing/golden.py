@@ -1,37 +1,16 @@
-"""Regression-test your own notebooks and hooks the way this package tests its own.
-
-- Notebooks: ``pytest --nbval --nbval-current-env --nbval-sanitize-with <sanitize_file()>`` checks a
-  course's notebooks in strict mode. The sanitize file ships with the package; the determinism
-  the lab guarantees (one thread per rank, seeded data and weights) makes its outputs repeat.
-  :func:`nbval_args` gives the whole option list.
-- Hooks: :func:`assert_matches_golden` compares a :class:`~commhooks_lab.Result` with one saved
-  earlier (``result.save(path)``): bytes exactly, per-step ``rel_error`` and loss within stated
-  tolerances, and says which numbers moved, so a hook's behaviour can be pinned across torch
-  upgrades without demanding bit-identical floats.
-"""
+"""Pin a hook's behaviour across torch upgrades: a Result against a saved one, bytes exact, floats within tolerances."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
-from .result import Result, load
+from ..result import Result, load
 
 #: Bytes must not move at all; errors and losses may move by float rounding of another build.
 EXACT_COLUMNS = ("payload_bytes", "uncompressed_bytes", "compressing")
 DEFAULT_RTOL = {"rel_error": 1e-3, "cosine": 1e-6, "loss": 1e-4, "cumulative_rel_error": 1e-3}
-
-
-def sanitize_file() -> Path:
-    """The nbval sanitize rules this package's own notebooks use (addresses, pids, temp paths, figure sizes)."""
-    return Path(str(resources.files("commhooks_lab") / "nbval_sanitize.cfg"))
-
-
-def nbval_args() -> list[str]:
-    """The pytest options for strict nbval with the lab's sanitize rules."""
-    return ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", str(sanitize_file())]
 
 
 @dataclass

@@ -1,0 +1,44 @@
+"""Regression-test your own notebooks and hooks the way this package tests its own.
+
+- Notebooks, strict: ``pytest --nbval --nbval-current-env --nbval-sanitize-with <sanitize_file()>``
+  (:func:`nbval_args`). With portable numerics (the default) the lab's outputs repeat bit for bit on any
+  x86-64 CPU with the same torch build.
+- Notebooks, tolerant: add ``--lab-tolerant`` (this package's pytest plugin, :mod:`.plugin`) where bits cannot
+  repeat (another architecture or build, native numerics): numbers compare within the tolerances the notebook
+  states in its metadata, integers and all other text exactly; a table says what moved and by how much.
+- Hooks: :func:`assert_matches_golden` compares a :class:`~commhooks_lab.Result` with one saved earlier
+  (``result.save(path)``): bytes exactly, per-step ``rel_error`` and loss within stated tolerances.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from .golden import DEFAULT_RTOL, EXACT_COLUMNS, Moved, assert_matches_golden, compare_with_golden
+from .notebooks import CellReport, Tolerance, compare_notebooks, tolerance_of
+
+__all__ = [
+    "DEFAULT_RTOL",
+    "EXACT_COLUMNS",
+    "CellReport",
+    "Moved",
+    "Tolerance",
+    "assert_matches_golden",
+    "compare_notebooks",
+    "compare_with_golden",
+    "nbval_args",
+    "sanitize_file",
+    "tolerance_of",
+]
+
+
+def sanitize_file() -> Path:
+    """The nbval sanitize rules this package's own notebooks use (addresses, pids, temp paths, figure sizes)."""
+    return Path(str(resources.files("commhooks_lab") / "nbval_sanitize.cfg"))
+
+
+def nbval_args(tolerant: bool = False) -> list[str]:
+    """The pytest options for nbval with the lab's sanitize rules (strict, or ``tolerant``)."""
+    args = ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", str(sanitize_file())]
+    return args + ["--lab-tolerant"] if tolerant else args

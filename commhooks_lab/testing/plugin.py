@@ -1,0 +1,85 @@
+"""A pytest plugin on top of nbval: ``--lab-tolerant`` compares notebook numbers within the tolerances they state.
+
+Load it with ``-p commhooks_lab.testing.plugin`` (:func:`commhooks_lab.testing.nbval_args` includes it). Without
+``--lab-tolerant`` it changes nothing: nbval's strict comparison runs as usual. With it, each checked cell is
+compared by :func:`commhooks_lab.testing.notebooks.compare_outputs` (text and integers exactly, other numbers
+within the cell's or notebook's stated tolerance), and the run ends with a table of every number that moved.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .notebooks import CellReport, compare_outputs, tolerance_of
+
+_REPORTS = pytest.StashKey[list]()
+_SAVED_CELL_CLASS = pytest.StashKey[type]()
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("nbval")
+    group.addoption(
+        "--lab-tolerant",
+        action="store_true",
+        help="with --nbval: compare numbers in outputs within the tolerances each notebook states "
+        "(metadata commhooks_lab.tolerance), integers and all other text exactly (commhooks_lab.testing)",
+    )
+
+
+def _tolerant_cell_class(base: type) -> type:
+    class TolerantCell(base):
+        """nbval's cell, compared with the notebook's tolerances instead of character for character."""
+
+        def compare_outputs(self, test, ref, skip_compare=None) -> bool:
+            tolerance = tolerance_of(self.parent.nb.metadata, self.cell.metadata)
+            report = compare_outputs(ref, test, tolerance, self.sanitize, cell=self.cell_num)
+            self.config.stash[_REPORTS].append((self.nodeid, tolerance, report))
+            if not report.same:
+                self.comparison_traceback = [report.problem, *_moved_lines(report)]
+            return report.same
+
+    return TolerantCell
+
+
+def _moved_lines(report: CellReport) -> list[str]:
+    return [
+        f"  {m.ref} -> {m.new}  (relative {m.relative:.2g}{'' if m.allowed else ', beyond the tolerance'})"
+        for m in report.moved[:20]
+    ]
+
+
+def pytest_configure(config) -> None:
+    if not config.getoption("lab_tolerant", False):
+        return
+    if not config.getoption("nbval", False):
+        raise pytest.UsageError("--lab-tolerant goes with --nbval")
+    from nbval import plugin as nbval_plugin
+
+    config.stash[_REPORTS] = []
+    config.stash[_SAVED_CELL_CLASS] = nbval_plugin.IPyNbCell
+    nbval_plugin.IPyNbCell = _tolerant_cell_class(nbval_plugin.IPyNbCell)  # what nbval's collector builds
+
+
+def pytest_unconfigure(config) -> None:
+    saved = config.stash.get(_SAVED_CELL_CLASS, None)
+    if saved is not None:
+        from nbval import plugin as nbval_plugin
+
+        nbval_plugin.IPyNbCell = saved
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    reports = config.stash.get(_REPORTS, None)
+    if reports is None:
+        return
+    moved = [(nodeid, tol, r) for nodeid, tol, r in reports if r.moved or not r.same]
+    terminalreporter.section("numbers that moved (--lab-tolerant)")
+    if not moved:
+        terminalreporter.write_line(f"none: all {len(reports)} compared cells are character for character the same")
+        return
+    for nodeid, tol, report in moved:
+        verdict = "ok" if report.same else "FAILED"
+        terminalreporter.write_line(
+            f"{verdict:6} {nodeid}: {len(report.moved)} numbers moved, largest relative move "
+            f"{report.largest_relative_move:.2g} (rtol {tol.rtol:g}, atol {tol.atol:g})"
+        )

@@ -1,0 +1,83 @@
+"""Another CPU, for real: ranks under an emulated Haswell (AVX2, no AVX-512) give this machine's numbers bit for bit.
+
+qemu-user runs each rank's interpreter as if on the older CPU (``torch.backends.cpu.get_cpu_capability()`` there
+says AVX2 with native numerics). What worked: this native parent, and ranks spawned through a wrapper executable
+(``multiprocessing.set_executable``) that execs the interpreter under ``qemu-x86_64 -cpu Haswell-v4``; an exec from
+inside qemu-user runs natively, and qemu-user 7.2 aborts when a threaded process forks, so neither a forkserver
+nor an emulated parent would do. About 12x slower than native (``import torch`` ~20 s).
+"""
+
+import multiprocessing
+import os
+import platform
+import shutil
+import sys
+from multiprocessing import spawn
+
+import pytest
+from test_session import assert_same_run
+
+import commhooks_lab as lab
+from commhooks_lab import fingerprint
+from commhooks_lab.launcher import numerics
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+QEMU = shutil.which("qemu-x86_64")
+CPU = "Haswell-v4"
+#: An MLP (MKL's GEMM, ATen's kernels), PowerSGD (QR, Gram-Schmidt) and a CNN (oneDNN's convolutions).
+CASES = {
+    "mlp fp16": {"model": "mlp", "hook": "fp16"},
+    "mlp power_sgd r1": {
+        "model": "mlp",
+        "hook": "power_sgd",
+        "state_options": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2},
+    },
+    "cnn allreduce": {"model": "cnn", "hook": "allreduce"},
+}
+STEPS = 6
+
+
+def _no_emulator() -> None:
+    if platform.machine() != "x86_64":
+        pytest.skip(f"qemu-x86_64 emulates an x86-64 CPU; this machine is {platform.machine()}")
+    if os.environ.get("CI"):
+        pytest.fail("CI must install Debian's qemu-user: apt-get install -y qemu-user", pytrace=False)
+    pytest.skip("needs qemu-x86_64 (Debian: apt-get install -y qemu-user)")
+
+
+@pytest.fixture(scope="module")
+def emulated_python(tmp_path_factory):
+    if QEMU is None or platform.machine() != "x86_64":
+        _no_emulator()
+    wrapper = tmp_path_factory.mktemp("qemu") / "python-on-haswell"
+    wrapper.write_text(f'#!/bin/sh\nexec {QEMU} -cpu {CPU} {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_the_emulated_cpu_is_another_cpu_and_native_numerics_show_it(emulated_python):
+    """Teeth: under the emulator ATen picks other kernels, and without portable numerics the bits differ."""
+    env = fingerprint.environment()
+    for name in numerics.PORTABLE_VARIABLES:
+        env.pop(name)
+    env[numerics.MODE_VARIABLE] = "native"
+    seen = fingerprint.in_child(env, executable=emulated_python, timeout_s=600)
+    assert seen["aten_kernels"] == "AVX2"
+    assert fingerprint.differences(seen) != []
+    assert fingerprint.differences(fingerprint.in_child(executable=emulated_python, timeout_s=600)) == []
+
+
+def test_ranks_on_an_emulated_cpu_give_this_machines_numbers_bit_for_bit(emulated_python):
+    native = {name: lab.run(steps=STEPS, fresh=True, **case) for name, case in CASES.items()}
+    previous = spawn.get_executable()
+    multiprocessing.set_executable(emulated_python)
+    try:
+        with lab.Cluster(world_size=2, start_method="spawn", timeout_s=600) as emulated:
+            kernels = emulated.run(lambda ctx: __import__("torch").backends.cpu.get_cpu_capability())
+            runs = {name: lab.run(steps=STEPS, cluster=emulated, **case) for name, case in CASES.items()}
+    finally:
+        multiprocessing.set_executable(previous)
+    assert kernels == ["DEFAULT", "DEFAULT"]
+    for name in CASES:
+        assert_same_run(runs[name], native[name])

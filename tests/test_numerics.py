@@ -1,0 +1,93 @@
+"""Portable numerics: what the lab pins, in which processes, and the fingerprint that tells a machine's bits."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import commhooks_lab as lab
+from commhooks_lab import fingerprint
+from commhooks_lab.launcher import numerics
+from commhooks_lab.launcher.environment import child_environment
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+
+def _python(code: str, **env: str) -> str:
+    """Run ``code`` in a fresh interpreter with ``env`` added; its stdout."""
+    inherited = {k: v for k, v in os.environ.items() if k not in numerics.PORTABLE_VARIABLES}  # ours, set at import
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**inherited, "COMMHOOKS_LAB_PREWARM": "0", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_ranks_get_the_portable_variables_and_native_gets_none(monkeypatch):
+    env = child_environment()
+    assert {k: env[k] for k in numerics.PORTABLE_VARIABLES} == numerics.PORTABLE_VARIABLES
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
+    monkeypatch.setenv(numerics.MODE_VARIABLE, "native")
+    assert not set(numerics.PORTABLE_VARIABLES) & set(child_environment())
+    monkeypatch.setenv(numerics.MODE_VARIABLE, "fast")
+    with pytest.raises(ValueError, match="COMMHOOKS_LAB_NUMERICS='fast': use one of portable, native"):
+        numerics.mode()
+
+
+def test_this_process_runs_atens_default_kernels_on_one_thread():
+    info = numerics.describe()
+    assert info["mode"] == "portable" and info["aten_kernels"] == "DEFAULT" and info["threads"] == 1
+    assert info["problems"] == [] and lab.NUMERICS_PROBLEMS == []
+
+
+def test_the_ranks_run_the_default_kernels_too(cluster):
+    seen = cluster.run(lambda ctx: numerics.describe())
+    assert [(s["aten_kernels"], s["threads"], s["MKL_CBWR"]) for s in seen] == [("DEFAULT", 1, "COMPATIBLE")] * 2
+
+
+def test_native_numerics_leave_the_cpus_own_kernels():
+    code = "import commhooks_lab, torch; print(torch.backends.cpu.get_cpu_capability())"
+    assert _python(code, COMMHOOKS_LAB_NUMERICS="native") != "DEFAULT"
+    assert _python(code) == "DEFAULT"
+
+
+def test_torch_used_before_the_import_is_reported_not_hidden():
+    code = "import torch; torch.ones(3) + 1; import commhooks_lab as lab; print(lab.NUMERICS_PROBLEMS)"
+    out = _python(code)
+    assert "already runs its" in out and "import commhooks_lab first" in out
+
+
+@pytest.fixture(scope="module")
+def portable_fingerprint():
+    return fingerprint.in_child()
+
+
+def test_this_machine_gives_the_reference_bits(portable_fingerprint):
+    ref = fingerprint.reference()
+    if (portable_fingerprint["torch"], portable_fingerprint["machine"]) != (ref["torch"], ref["machine"]):
+        pytest.skip(f"the reference is for torch {ref['torch']} on {ref['machine']}")
+    assert fingerprint.differences(portable_fingerprint) == []
+
+
+def test_another_kernel_path_shows_in_the_fingerprint(portable_fingerprint):
+    """The fingerprint has teeth: the CPU's AVX2 kernels and MKL's AVX2 path (native numerics) give other bits."""
+    env = {**fingerprint.environment(), "COMMHOOKS_LAB_NUMERICS": "native", "ATEN_CPU_CAPABILITY": "avx2"}
+    env.update(MKL_CBWR="AVX2")
+    env.pop("ONEDNN_MAX_CPU_ISA")
+    seen = fingerprint.in_child(env)
+    if seen["aten_kernels"] != "AVX2":
+        pytest.skip(f"this CPU cannot run ATen's AVX2 kernels ({seen['aten_kernels']})")
+    problems = fingerprint.differences(seen, portable_fingerprint)
+    assert any(p.startswith("random differs") for p in problems), problems
+    assert any(p.startswith("mlp differs") for p in problems), problems
+
+
+def test_a_build_without_a_reference_is_named():
+    seen = {"torch": "2.99.0", "machine": "arm64", "parts": {}}
+    (problem,) = fingerprint.differences(seen)
+    assert "torch 2.99.0 on arm64" in problem and "another build or architecture" in problem
