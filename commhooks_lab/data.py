@@ -10,8 +10,11 @@ from __future__ import annotations
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
+from .models import effective_seed
+
 
 def _samplers(dataset, world_size: int, seed: int) -> list[DistributedSampler]:
+    seed = effective_seed(seed)
     return [
         DistributedSampler(dataset, num_replicas=world_size, rank=r, shuffle=True, seed=seed, drop_last=True)
         for r in range(world_size)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,18 @@ TASK_SUMMARIES = {
     "lowrank": "synthetic regression whose weight gradients have rank <= 4 (inputs in a 4-dim subspace)",
 }
 LOWRANK_TRUE_RANK = 4
+#: ``COMMHOOKS_LAB_SEED_SET=k`` shifts every task seed by ``1000 * k`` (weights, data split, data order): re-run
+#: a notebook under another seed set to see which of its conclusions outlive the seeds it was written with.
+SEED_SET_VARIABLE = "COMMHOOKS_LAB_SEED_SET"
+SEED_SET_STRIDE = 1000
+
+
+def effective_seed(seed: int) -> int:
+    """The seed a task and its data really use: ``seed`` shifted by the seed set (0 unless one is chosen)."""
+    value = os.environ.get(SEED_SET_VARIABLE, "0").strip() or "0"
+    if not value.isdigit():
+        raise ValueError(f"{SEED_SET_VARIABLE}={value!r}: use a whole number >= 0 (0 is the notebooks' own seeds)")
+    return seed + SEED_SET_STRIDE * int(value)
 
 
 @dataclass
@@ -136,7 +149,8 @@ def resolve_task_factory(model: Any) -> Callable[[int], Task]:
 
 
 def build_task(model: Any, seed: int) -> Task:
-    task = resolve_task_factory(model)(seed)
+    """The task ``model`` names, built from ``seed`` (shifted by the seed set: :func:`effective_seed`)."""
+    task = resolve_task_factory(model)(effective_seed(seed))
     if not isinstance(task, Task):
         raise TypeError(f"a model factory must return commhooks_lab.models.Task, got {type(task).__name__}")
     return task

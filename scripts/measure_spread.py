@@ -1,6 +1,6 @@
 """How far each notebook's printed numbers move on other kernel paths and under another seed set.
 
-    python scripts/measure_spread.py [--write] [--keep DIR] [notebooks/04_powersgd.ipynb ...]
+    python scripts/measure_spread.py [--write] [--keep DIR [--reuse]] [notebooks/04_powersgd.ipynb ...]
 
 Executes the notebooks (clean kernels, as ``execute_notebooks.py``) once per kernel path of
 ``commhooks_lab.testing.machines`` (native numerics) and once with portable numerics under
@@ -9,13 +9,14 @@ numbers move on some kernel path it prints the largest relative move, and beside
 moves the same numbers: the scale at which a change means something. ``--write`` states the tolerance in the
 cell's metadata: twice the largest kernel-path move (one significant figure, rounded up), with what was
 measured. A cell whose *text* or integers change on a kernel path gets no tolerance: it is listed, and must
-be made robust (fewer digits, a statistic over more seeds) before tolerant checks can pass.
+be made robust (fewer digits, a statistic over more seeds) before tolerant checks can pass. ``--keep DIR`` keeps
+the executed copies; ``--reuse`` compares the copies already in DIR instead of executing again.
 """
 
 from __future__ import annotations
 
-import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,11 +26,11 @@ import nbformat
 
 from commhooks_lab.launcher.numerics import PORTABLE_VARIABLES
 from commhooks_lab.testing import machines
-from commhooks_lab.testing.notebooks import METADATA_KEY, compare_notebooks, is_integer
+from commhooks_lab.testing.notebooks import METADATA_KEY, Tolerance, compare_notebooks, is_integer, tolerance_of
+from commhooks_lab.testing.spread import SAFETY, SEED_SET, needed, tolerance_from
 
 ROOT = Path(__file__).resolve().parents[1]
-SEED_SET = "seed set 1"
-SAFETY = 2.0
+UNBOUNDED = 1e300
 
 
 def configurations() -> dict[str, dict[str, str]]:
@@ -39,33 +40,25 @@ def configurations() -> dict[str, dict[str, str]]:
     return configs
 
 
-def execute_all(paths: list[Path], keep: Path) -> dict[str, Path]:
+def execute_all(paths: list[Path], keep: Path, reuse: bool = False) -> dict[str, Path]:
     folders = {}
     for name, env in configurations().items():
         folder = keep / name.replace(" ", "_")
+        folders[name] = folder
+        if reuse:
+            continue
         print(f"== executing under {name}", flush=True)
         subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "execute_notebooks.py"), "--out", str(folder), *map(str, paths)],
             env=env,
             check=True,
         )
-        folders[name] = folder
     return folders
 
 
-def round_up(value: float) -> float:
-    """``value`` rounded up to one significant figure (0.00237 -> 0.003)."""
-    if value <= 0:
-        return 0.0
-    exponent = math.floor(math.log10(value))
-    return math.ceil(value / 10**exponent) * 10**exponent
-
-
-def needed(moved) -> tuple[float, float]:
-    """(rtol, atol) that would just allow every move: relative where the committed number is not 0."""
-    rtol = max((m.relative for m in moved if float(m.ref) != 0), default=0.0)
-    atol = max((abs(float(m.new)) for m in moved if float(m.ref) == 0), default=0.0)
-    return rtol, atol
+def any_move(notebook_metadata: dict, cell_metadata: dict) -> Tolerance:
+    """Every number may move; the text must not, but for the patterns the cell declares volatile."""
+    return Tolerance(UNBOUNDED, UNBOUNDED, volatile=tolerance_of(notebook_metadata, cell_metadata).volatile)
 
 
 def measure(path: Path, folders: dict[str, Path]) -> list[dict]:
@@ -73,60 +66,97 @@ def measure(path: Path, folders: dict[str, Path]) -> list[dict]:
     rows: dict[int, dict] = {}
     for name, folder in folders.items():
         executed = nbformat.read(folder / path.name, as_version=4)
-        for report in compare_notebooks(committed, executed, tolerant=False):
-            if report.same:
+        for report in compare_notebooks(committed, executed, tolerant=True, tolerance_for=any_move):
+            if report.same and not report.moved:
                 continue
             row = rows.setdefault(report.cell, {"cell": report.cell, "moves": {}, "text": {}})
             integers = [f"{m.ref} -> {m.new}" for m in report.moved if is_integer(m.ref) and is_integer(m.new)]
             if not report.moved or integers:  # the text, an output's count, or an integer changed
                 row["text"][name] = f"integers changed: {', '.join(integers[:5])}" if integers else report.problem
             else:
-                row["moves"][name] = needed(report.moved)
+                row["moves"][name] = needed([(float(m.ref), float(m.new)) for m in report.moved])
     return [rows[c] for c in sorted(rows)]
+
+
+VERDICT = re.compile(r"^(?P<claim>[^\n]*?):? (?P<value>True|False)$", re.MULTILINE)
+
+
+def verdicts(nb) -> dict[tuple[int, str], str]:
+    """Every printed check (a line ending in True or False) of every code cell: (cell, the claim) -> the value."""
+    found = {}
+    for number, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+        for match in VERDICT.finditer(text):
+            claim = re.sub(r"[-+]?\d[\d.e+-]*", "#", match["claim"])  # the numbers beside a check may move
+            found[(number, claim)] = match["value"]
+    return found
+
+
+def flipped(path: Path, folders: dict[str, Path]) -> list[str]:
+    """The printed checks whose verdict differs from the committed one, per configuration."""
+    committed = verdicts(nbformat.read(path, as_version=4))
+    lines = []
+    for name, folder in folders.items():
+        seen = verdicts(nbformat.read(folder / path.name, as_version=4))
+        for key, value in committed.items():
+            if seen.get(key) != value:
+                lines.append(f"{path.name} cell {key[0]} under {name}: {key[1]!r} {value} -> {seen.get(key)}")
+    return lines
 
 
 def state(path: Path, rows: list[dict]) -> None:
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    for cell in code:
-        cell.metadata.pop(METADATA_KEY, None)
+    volatile = {}
+    for number, cell in enumerate(code):
+        stated = cell.metadata.pop(METADATA_KEY, {}).get("tolerance", {})
+        if stated.get("volatile"):
+            volatile[number] = stated["volatile"]
+            cell.metadata[METADATA_KEY] = {"tolerance": {"volatile": stated["volatile"]}}
     for row in rows:
         kernel = {k: v for k, v in row["moves"].items() if k != SEED_SET}
         if not kernel or any(k != SEED_SET for k in row["text"]):
             continue
-        rtol = max(r for r, _ in kernel.values())
-        atol = max(a for _, a in kernel.values())
-        seed = row["moves"].get(SEED_SET)
-        measured = {name: {"rtol": r, "atol": a} for name, (r, a) in kernel.items()}
-        if seed is not None:
-            measured[SEED_SET] = {"rtol": seed[0], "atol": seed[1]}
+        measured = dict(kernel)
+        if SEED_SET in row["moves"]:
+            measured[SEED_SET] = row["moves"][SEED_SET]
+        rtol, atol = tolerance_from(measured)
         code[row["cell"]].metadata[METADATA_KEY] = {
             "tolerance": {
-                "rtol": round_up(SAFETY * rtol),
-                "atol": round_up(SAFETY * atol),
+                "rtol": rtol,
+                "atol": atol,
                 "why": f"{SAFETY:g}x the largest move measured on kernel paths {', '.join(sorted(kernel))} "
                 "(native numerics, scripts/measure_spread.py)",
                 "measured": measured,
+                **({"volatile": volatile[row["cell"]]} if row["cell"] in volatile else {}),
             }
         }
     nbformat.write(nb, path)
 
 
 def main(argv: list[str]) -> int:
-    write = "--write" in argv
-    argv = [a for a in argv if a != "--write"]
+    write, reuse = "--write" in argv, "--reuse" in argv
+    argv = [a for a in argv if a not in ("--write", "--reuse")]
     keep = None
     if argv[:1] == ["--keep"]:
         keep, argv = Path(argv[1]), argv[2:]
     paths = [Path(p).resolve() for p in argv] or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    paths = paths if argv else [*paths, ROOT / "notebooks" / "template_your_lab.ipynb"]
     with tempfile.TemporaryDirectory() as tmp:
-        folders = execute_all(paths, keep or Path(tmp))
+        folders = execute_all(paths, keep or Path(tmp), reuse and keep is not None)
         for path in paths:
             rows = measure(path, folders)
             for row in rows:
-                moves = ", ".join(f"{k} {r:.2g}" + (f" (atol {a:.2g})" if a else "") for k, (r, a) in row["moves"].items())
+                moves = ", ".join(
+                    f"{k} {m['rtol']:.2g}" + (f" (atol {m['atol']:.2g})" if m["atol"] else "")
+                    for k, m in row["moves"].items()
+                )
                 texts = "; ".join(f"{k}: {t[:120]}" for k, t in row["text"].items())
                 print(f"{path.name} cell {row['cell']}: {moves}" + (f" | TEXT {texts}" if texts else ""))
+            checks, total = flipped(path, folders), len(verdicts(nbformat.read(path, as_version=4)))
+            print(f"{path.name}: {total} printed checks, {len(checks)} flipped on another configuration")
+            for line in checks:
+                print("  FLIPPED", line)
             if write:
                 state(path, rows)
     return 0

@@ -64,8 +64,7 @@ def test_the_emulated_cpu_is_another_cpu_and_native_numerics_show_it(emulated_py
     env[numerics.MODE_VARIABLE] = "native"
     seen = fingerprint.in_child(env, executable=emulated_python, timeout_s=600)
     assert seen["aten_kernels"] == "AVX2"
-    assert fingerprint.differences(seen) != []
-    assert fingerprint.differences(fingerprint.in_child(executable=emulated_python, timeout_s=600)) == []
+    assert fingerprint.differences(seen) != []  # portable numerics there: the next test's ranks
 
 
 def test_ranks_on_an_emulated_cpu_give_this_machines_numbers_bit_for_bit(emulated_python):

@@ -105,3 +105,20 @@ def test_notebooks_use_only_the_public_api(path):
         name for names in re.findall(r"from commhooks_lab import ([\w, ]+)", code) for name in names.split(", ")
     }
     assert used <= public, f"not public: {sorted(used - public)}"
+
+
+@pytest.mark.parametrize("path", [*NOTEBOOKS, ROOT / "notebooks" / "template_your_lab.ipynb"], ids=lambda p: p.name)
+def test_every_stated_tolerance_is_the_measured_spread_and_nothing_looser(path):
+    """A tolerance comes from scripts/measure_spread.py's measurement stored beside it, by one rule (spread.py)."""
+    from commhooks_lab.testing.notebooks import METADATA_KEY
+    from commhooks_lab.testing.spread import tolerance_from
+
+    nb = json.loads(path.read_text())
+    assert METADATA_KEY not in nb["metadata"], "tolerances are stated per cell, where they were measured"
+    for cell in cells(path, "code"):
+        stated = cell["metadata"].get(METADATA_KEY, {}).get("tolerance")
+        if stated is None or set(stated) == {"volatile"}:
+            continue
+        assert stated["why"] and stated["measured"], source(cell)[:60]
+        assert (stated["rtol"], stated["atol"]) == tolerance_from(stated["measured"]), source(cell)[:60]
+        assert stated["rtol"] < 10, f"a tolerance of {stated['rtol']} checks nothing: make the cell robust instead"

@@ -15,11 +15,11 @@ TEMPLATE = Path(__file__).resolve().parents[1] / "notebooks" / "template_your_la
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 
-def nbval(notebook: Path) -> subprocess.CompletedProcess:
-    """Strict nbval on ``notebook`` with only what the installed package ships (no repo config)."""
+def nbval(notebook: Path, tolerant: bool = False) -> subprocess.CompletedProcess:
+    """nbval (strict, or ``tolerant``) on ``notebook`` with only what the installed package ships (no repo config)."""
     args = [sys.executable, "-m", "pytest", str(notebook), "-q", "-p", "no:cacheprovider", "-c", "/dev/null"]
     return subprocess.run(
-        args + ["--rootdir", str(notebook.parent), *testing.nbval_args()],
+        args + ["--rootdir", str(notebook.parent), *testing.nbval_args(tolerant)],
         capture_output=True,
         text=True,
         cwd=notebook.parent,
@@ -73,3 +73,100 @@ def test_moved_bytes_and_errors_are_named(tmp_path, fp16_result):
     with pytest.raises(AssertionError) as failure:
         testing.assert_matches_golden(changed, golden)
     assert "payload_bytes at step 1" in str(failure.value) and "rel_error at step 0" in str(failure.value)
+
+
+# -- tolerant notebook checks ------------------------------------------------------------------------------
+
+TOL = testing.Tolerance(rtol=1e-3, atol=1e-9)
+
+
+def test_numbers_move_within_the_tolerance_and_the_rest_must_stay():
+    from commhooks_lab.testing.notebooks import compare_text
+
+    ok, moved = compare_text("fp16 rel_error 2.9738e-04, loss 1.995", "fp16 rel_error 2.9744e-04, loss 1.995", TOL)
+    assert ok == "" and [(m.ref, m.new) for m in moved] == [("2.9738e-04", "2.9744e-04")]
+    beyond, _ = compare_text("rel_error 0.073", "rel_error 0.150", TOL)
+    assert "beyond the tolerance (rtol=0.001" in beyond and "0.073 became 0.150" in beyond
+    integer, _ = compare_text("11800 bytes per step", "11801 bytes per step", TOL)
+    assert "integer 11800 became 11801 (integers must match exactly)" in integer
+    text, _ = compare_text("ranks agree: True", "ranks agree: False", TOL)
+    assert "the text differs, not just numbers" in text
+    names, _ = compare_text("power_sgd r1 fp16", "power_sgd r2 fp16", testing.Tolerance(rtol=10.0))
+    assert names.startswith("the text differs"), "r1 and fp16 are names, not numbers"
+    padded, _ = compare_text("x   0.0487\ny  1.23", "x  0.049\ny  1.23", testing.Tolerance(rtol=0.01))
+    assert padded == "", "a table's padding follows the width of its numbers"
+    strict, moved = compare_text("2.9738e-04", "2.9744e-04", testing.notebooks.STRICT)
+    assert strict.startswith("the output differs (strict)") and len(moved) == 1
+
+
+def test_a_cell_states_its_own_tolerance_over_the_notebooks():
+    notebook = {"commhooks_lab": {"tolerance": {"rtol": 1e-6}}}
+    cell = {"commhooks_lab": {"tolerance": {"rtol": 0.02, "atol": 1e-8, "why": "measured"}}}
+    assert testing.tolerance_of(notebook, cell) == testing.Tolerance(0.02, 1e-8, "measured")
+    assert testing.tolerance_of(notebook, {}) == testing.Tolerance(1e-6)
+    assert testing.tolerance_of({}, {}) == testing.notebooks.STRICT
+    with pytest.raises(ValueError, match="rtol must be a finite number >= 0"):
+        testing.tolerance_of({"commhooks_lab": {"tolerance": {"rtol": -1}}})
+    with pytest.raises(ValueError, match="unknown tolerance fields"):
+        testing.tolerance_of({"commhooks_lab": {"tolerance": {"rtool": 1}}})
+
+
+def _first_output_text() -> list[str]:
+    nb = json.loads(TEMPLATE.read_text())
+    return next(c for c in nb["cells"] if c["cell_type"] == "code" and c["outputs"])["outputs"][0]["text"]
+
+
+def _nudged(lines: list[str], factor: float) -> list[str]:
+    """The committed lines with every decimal number scaled by ``factor`` (printed with the same digits)."""
+    from commhooks_lab.testing.notebooks import NUMBER, is_integer
+
+    def scale(match) -> str:
+        token = match.group(0)
+        if is_integer(token):
+            return token
+        digits = len(token.split("e")[0].split(".")[-1])
+        return f"{float(token) * factor:.{digits}e}" if "e" in token else f"{float(token) * factor:.{digits}f}"
+
+    return [NUMBER.sub(scale, line) for line in lines]
+
+
+def _template_with(tmp_path: Path, name: str, text: list[str], tolerance: dict) -> Path:
+    """The template with its first checked output replaced by ``text``, held to ``tolerance`` (stated on the cell)."""
+    copy = tmp_path / f"{name}.ipynb"
+    nb = json.loads(TEMPLATE.read_text())
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and c["outputs"])
+    cell["outputs"][0]["text"] = text
+    cell["metadata"]["commhooks_lab"] = {"tolerance": tolerance}
+    copy.write_text(json.dumps(nb))
+    return copy
+
+
+def test_tolerant_mode_passes_moves_within_the_tolerance_and_fails_the_rest(tmp_path):
+    """One tolerant run over three copies: moved within the tolerance (passes; strict would fail), moved beyond it,
+    and an integer changed (both fail, saying why)."""
+    within = _nudged(_first_output_text(), 1.04)
+    assert within != _first_output_text()
+    copies = [
+        _template_with(tmp_path, "within", within, {"rtol": 0.1, "why": "test"}),
+        _template_with(tmp_path, "beyond", _nudged(_first_output_text(), 1.5), {"rtol": 0.1}),
+        _template_with(
+            tmp_path,
+            "integer",
+            [line.replace("bytes per step ", "bytes per step 1") for line in _first_output_text()],
+            {"rtol": 10.0},
+        ),
+    ]
+    args = [sys.executable, "-m", "pytest", *map(str, copies), "-q", "-p", "no:cacheprovider", "-c", "/dev/null"]
+    out = subprocess.run(
+        args + ["--rootdir", str(tmp_path), *testing.nbval_args(tolerant=True)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    ).stdout
+    failed = {line.split("::")[0].split()[-1] for line in out.splitlines() if line.startswith("FAILED")}
+    assert failed == {"beyond.ipynb", "integer.ipynb"}, out[-3000:]
+    assert "beyond the tolerance (rtol=0.1" in out and "integers must match exactly" in out
+    assert "numbers that moved (--lab-tolerant)" in out and "largest relative move" in out
+    strict = nbval(copies[0])
+    assert strict.returncode != 0, "strict mode sees any change"

@@ -40,5 +40,6 @@ def sanitize_file() -> Path:
 
 def nbval_args(tolerant: bool = False) -> list[str]:
     """The pytest options for nbval with the lab's sanitize rules (strict, or ``tolerant``)."""
-    args = ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", str(sanitize_file())]
+    args = ["-p", "commhooks_lab.testing.plugin", "--nbval", "--nbval-current-env"]
+    args += ["--nbval-sanitize-with", str(sanitize_file())]
     return args + ["--lab-tolerant"] if tolerant else args

@@ -40,6 +40,9 @@ class Tolerance:
     rtol: float = 0.0
     atol: float = 0.0
     why: str = ""
+    #: Patterns (regular expressions) of text that may change from machine to machine, e.g. a digest of trained
+    #: weights' bytes: tolerant mode reads each match as one placeholder. Strict mode still compares them.
+    volatile: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("rtol", "atol"):
@@ -59,10 +62,15 @@ def tolerance_of(notebook_metadata: dict, cell_metadata: dict | None = None) -> 
     for metadata in (cell_metadata or {}, notebook_metadata):
         stated = metadata.get(METADATA_KEY, {}).get("tolerance")
         if stated is not None:
-            unknown = set(stated) - {"rtol", "atol", "why", "measured"}
+            unknown = set(stated) - {"rtol", "atol", "why", "measured", "volatile"}
             if unknown:
-                raise ValueError(f"unknown tolerance fields {sorted(unknown)} (rtol, atol, why, measured)")
-            return Tolerance(float(stated.get("rtol", 0.0)), float(stated.get("atol", 0.0)), stated.get("why", ""))
+                raise ValueError(f"unknown tolerance fields {sorted(unknown)} (rtol, atol, why, measured, volatile)")
+            volatile = tuple(stated.get("volatile", ()))
+            for pattern in volatile:
+                re.compile(pattern)
+            return Tolerance(
+                float(stated.get("rtol", 0.0)), float(stated.get("atol", 0.0)), stated.get("why", ""), volatile
+            )
     return STRICT
 
 
@@ -115,6 +123,8 @@ def compare_text(ref: str, new: str, tolerance: Tolerance) -> tuple[str, list[Mo
     """
     if ref == new:
         return "", []
+    for pattern in tolerance.volatile:
+        ref, new = re.sub(pattern, "<volatile>", ref), re.sub(pattern, "<volatile>", new)
     ref_text, ref_numbers = split_numbers(ref)
     new_text, new_numbers = split_numbers(new)
     if ref_text != new_text or len(ref_numbers) != len(new_numbers):
@@ -221,12 +231,20 @@ def _ignored(cell: dict) -> bool:
     return "NBVAL_IGNORE_OUTPUT" in source or "NBVAL_SKIP" in source or "nbval-ignore-output" in tags
 
 
-def compare_notebooks(ref: dict, new: dict, tolerant: bool, sanitize: Callable[[str], str] | None = None):
+def compare_notebooks(
+    ref: dict,
+    new: dict,
+    tolerant: bool,
+    sanitize: Callable[[str], str] | None = None,
+    tolerance_for: Callable[[dict, dict], Tolerance] | None = None,
+) -> list[CellReport]:
     """Every checked code cell of ``new`` against ``ref`` (numbered as nbval numbers them): a list of CellReport.
 
-    ``tolerant=False`` is nbval's strict rule; ``True`` holds each cell to :func:`tolerance_of`.
+    ``tolerant=False`` is nbval's strict rule; ``True`` holds each cell to :func:`tolerance_of` (or to
+    ``tolerance_for(notebook_metadata, cell_metadata)``).
     """
     sanitize = sanitize or sanitizer()
+    tolerance_for = tolerance_for or tolerance_of
     ref_cells = [c for c in ref["cells"] if c["cell_type"] == "code"]
     new_cells = [c for c in new["cells"] if c["cell_type"] == "code"]
     if len(ref_cells) != len(new_cells):
@@ -235,6 +253,6 @@ def compare_notebooks(ref: dict, new: dict, tolerant: bool, sanitize: Callable[[
     for number, (a, b) in enumerate(zip(ref_cells, new_cells)):
         if _ignored(a):
             continue
-        tolerance = tolerance_of(ref.get("metadata", {}), a.get("metadata")) if tolerant else STRICT
+        tolerance = tolerance_for(ref.get("metadata", {}), a.get("metadata", {})) if tolerant else STRICT
         reports.append(compare_outputs(a["outputs"], b["outputs"], tolerance, sanitize, cell=number))
     return reports

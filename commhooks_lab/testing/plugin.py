@@ -13,7 +13,7 @@ import pytest
 from .notebooks import CellReport, compare_outputs, tolerance_of
 
 _REPORTS = pytest.StashKey[list]()
-_SAVED_CELL_CLASS = pytest.StashKey[type]()
+_SAVED_COMPARE = pytest.StashKey[object]()
 
 
 def pytest_addoption(parser) -> None:
@@ -26,19 +26,14 @@ def pytest_addoption(parser) -> None:
     )
 
 
-def _tolerant_cell_class(base: type) -> type:
-    class TolerantCell(base):
-        """nbval's cell, compared with the notebook's tolerances instead of character for character."""
-
-        def compare_outputs(self, test, ref, skip_compare=None) -> bool:
-            tolerance = tolerance_of(self.parent.nb.metadata, self.cell.metadata)
-            report = compare_outputs(ref, test, tolerance, self.sanitize, cell=self.cell_num)
-            self.config.stash[_REPORTS].append((self.nodeid, tolerance, report))
-            if not report.same:
-                self.comparison_traceback = [report.problem, *_moved_lines(report)]
-            return report.same
-
-    return TolerantCell
+def _tolerant_compare_outputs(self, test, ref, skip_compare=None) -> bool:
+    """nbval's ``IPyNbCell.compare_outputs``, with the notebook's tolerances instead of character for character."""
+    tolerance = tolerance_of(self.parent.nb.metadata, self.cell.metadata)
+    report = compare_outputs(ref, test, tolerance, self.sanitize, cell=self.cell_num)
+    self.config.stash[_REPORTS].append((self.nodeid, tolerance, report))
+    if not report.same:
+        self.comparison_traceback = [report.problem, *_moved_lines(report)]
+    return report.same
 
 
 def _moved_lines(report: CellReport) -> list[str]:
@@ -56,16 +51,16 @@ def pytest_configure(config) -> None:
     from nbval import plugin as nbval_plugin
 
     config.stash[_REPORTS] = []
-    config.stash[_SAVED_CELL_CLASS] = nbval_plugin.IPyNbCell
-    nbval_plugin.IPyNbCell = _tolerant_cell_class(nbval_plugin.IPyNbCell)  # what nbval's collector builds
+    config.stash[_SAVED_COMPARE] = nbval_plugin.IPyNbCell.compare_outputs
+    nbval_plugin.IPyNbCell.compare_outputs = _tolerant_compare_outputs  # nbval has no hook for it
 
 
 def pytest_unconfigure(config) -> None:
-    saved = config.stash.get(_SAVED_CELL_CLASS, None)
+    saved = config.stash.get(_SAVED_COMPARE, None)
     if saved is not None:
         from nbval import plugin as nbval_plugin
 
-        nbval_plugin.IPyNbCell = saved
+        nbval_plugin.IPyNbCell.compare_outputs = saved
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

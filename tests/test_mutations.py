@@ -1,0 +1,83 @@
+"""The notebook checks have teeth: break the arithmetic on purpose and both strict and tolerant mode fail.
+
+Each mutation runs one notebook top to bottom in a clean kernel (``tests/mutations/sitecustomize.py`` patches
+the kernel, the rank server and every rank), then compares it with the committed outputs twice: strictly
+(nbval's rule) and within the notebook's stated tolerances (``--lab-tolerant``). A check that passed a mutated
+run would not be a regression check.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from commhooks_lab.launcher.numerics import PORTABLE_VARIABLES
+from commhooks_lab.testing import compare_notebooks
+
+ROOT = Path(__file__).resolve().parents[1]
+MUTATIONS_DIR = Path(__file__).resolve().parent / "mutations"
+#: mutation -> (environment it needs, the notebook that shows it)
+MUTATIONS = {
+    "fp16 divides after the sum": ({"COMMHOOKS_LAB_MUTATION": "fp16_divides_after_the_sum"}, "03_fp16_vs_bf16"),
+    "PowerSGD matrix rank 1 -> 2": ({"COMMHOOKS_LAB_MUTATION": "powersgd_matrix_rank_two"}, "01_quickstart"),
+    "one byte more on the wire": ({"COMMHOOKS_LAB_MUTATION": "one_more_byte"}, "01_quickstart"),
+    "another data seed": ({"COMMHOOKS_LAB_SEED_SET": "1"}, "01_quickstart"),
+}
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+
+def execute(name: str, env: dict[str, str]) -> tuple[nbformat.NotebookNode, nbformat.NotebookNode]:
+    """(committed, re-executed under ``env``) for notebook ``name``."""
+    path = ROOT / "notebooks" / f"{name}.ipynb"
+    committed = nbformat.read(path, as_version=4)
+    fresh = nbformat.read(path, as_version=4)
+    inherited = {k: v for k, v in os.environ.items() if k not in PORTABLE_VARIABLES}
+    pythonpath = os.pathsep.join(filter(None, [str(MUTATIONS_DIR), os.environ.get("PYTHONPATH")]))
+    resources = {"metadata": {"path": str(path.parent)}}
+    client = NotebookClient(fresh, timeout=300, kernel_name="python3", resources=resources)
+    client.execute(env={**inherited, "PYTHONPATH": pythonpath, **env})
+    return committed, fresh
+
+
+def failing(committed, fresh, tolerant: bool) -> dict[int, str]:
+    return {r.cell: r.problem for r in compare_notebooks(committed, fresh, tolerant=tolerant) if not r.same}
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_a_mutation_fails_the_notebook_check_strict_and_tolerant(mutation):
+    env, notebook = MUTATIONS[mutation]
+    committed, fresh = execute(notebook, env)
+    strict, tolerant = failing(committed, fresh, False), failing(committed, fresh, True)
+    print(f"\n{mutation} ({notebook}): strict fails cells {sorted(strict)}; tolerant fails cells {sorted(tolerant)}")
+    for cell, problem in tolerant.items():
+        print(f"  cell {cell}: {problem[:200]}")
+    assert strict, f"{mutation}: strict mode saw nothing"
+    assert tolerant, f"{mutation}: tolerant mode saw nothing"
+    assert set(tolerant) <= set(strict)
+
+
+def test_without_a_mutation_the_hook_patches_nothing():
+    """The control: the unmutated notebooks pass nbval with this folder absent; with it present and no mutation
+    named, it installs nothing (so every failure above is the mutation's)."""
+    code = "import sys; print(any(type(f).__name__ == '_PatchAfterImport' for f in sys.meta_path))"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(MUTATIONS_DIR), "COMMHOOKS_LAB_MUTATION": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout.strip() == "False", out.stderr
+    named = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(MUTATIONS_DIR), "COMMHOOKS_LAB_MUTATION": "one_more_byte"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert named.stdout.strip() == "True", named.stderr
