@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -97,27 +98,119 @@ def _decode(node: dict, tensors: dict[str, torch.Tensor], device: torch.device |
     return node["value"]
 
 
+#: Files are created only where they did not exist (no link is followed) and readable by their owner alone.
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+#: The key of the save id in a rank's tensors file (its JSON holds the same id).
+SAVE_ID_KEY = "__save_id__"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be trusted or read: which file, what is wrong, what to do."""
+
+
+def private_folder(folder: str | Path) -> Path:
+    """``folder``, created with mode 0700 if missing; refused if another account could replace what is in it.
+
+    A folder another account owns or may write into lets that account swap a file between our write and our
+    read, or plant a link where we write: so it must be ours, not group- or world-writable, and not a link.
+    """
+    folder = Path(folder)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(folder)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise CheckpointError(f"checkpoint folder {folder} is a link or not a folder: use a folder of your own")
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        raise CheckpointError(
+            f"checkpoint folder {folder} belongs to another account (uid {info.st_uid}): it could replace the files; "
+            "use a folder of your own"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CheckpointError(
+            f"checkpoint folder {folder} is writable by other accounts (mode {stat.S_IMODE(info.st_mode):o}): they "
+            f"could replace the files. Make it yours alone (chmod 700 {folder}) or use another folder"
+        )
+    return folder
+
+
 def _write_whole(path: Path, write: Callable[[BinaryIO], Any]) -> None:
-    """Write to a temporary name, then rename: a crash never leaves half a file under ``path``."""
+    """Write to a temporary name, then rename: a crash never leaves half a file under ``path``.
+
+    The temporary file is created new (a leftover of ours is removed first; a link or another account's file
+    there is refused), mode 0600, without following links; the rename replaces a link at ``path`` itself.
+    """
     partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as f:
+    try:
+        fd = os.open(partial, _CREATE, 0o600)
+    except FileExistsError as exc:
+        info = os.lstat(partial)
+        if not stat.S_ISREG(info.st_mode) or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
+            raise CheckpointError(f"{partial} exists and is not a file of ours (a link?): not writing there") from exc
+        os.unlink(partial)  # our own leftover from a crash
+        fd = os.open(partial, _CREATE, 0o600)
+    with os.fdopen(fd, "wb") as f:
         write(f)
     os.replace(partial, path)
 
 
-def save_tree(stem: Path, tree: Any) -> None:
+def _read_bytes(path: Path) -> bytes:
+    """A file's bytes, not through a link."""
+    try:
+        fd = os.open(path, _READ)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path} ({exc}): a link or an unreadable file") from exc
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def save_tree(stem: Path, tree: Any, save_id: str = "") -> None:
     """``stem``.json and ``stem``.pt; written to temporary names first, so a crash leaves no half file."""
     tensors: dict[str, torch.Tensor] = {}
     structure = _encode(tree, tensors, "")
+    tensors[SAVE_ID_KEY] = torch.tensor(list(save_id.encode()), dtype=torch.uint8)
     _write_whole(stem.with_suffix(".pt"), lambda f: torch.save(tensors, f))
-    _write_whole(stem.with_suffix(".json"), lambda f: f.write(json.dumps(structure).encode()))
+    document = {"save_id": save_id, "tree": structure}
+    _write_whole(stem.with_suffix(".json"), lambda f: f.write(json.dumps(document).encode()))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(_read_bytes(path).decode("utf-8"))
+    except FileNotFoundError:
+        raise
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is damaged ({exc}): save the checkpoint again, or resume from another") from exc
+
+
+def _read_tensors(path: Path) -> dict:
+    import io
+
+    try:
+        return torch.load(io.BytesIO(_read_bytes(path)), map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except CheckpointError:
+        raise
+    except Exception as exc:  # a truncated file, or one holding more than tensors (weights_only refuses it)
+        raise CheckpointError(
+            f"{path} cannot be read as tensors ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}): damaged, or "
+            "not written by the lab; save the checkpoint again, or resume from another"
+        ) from exc
+
+
+def _save_id_of_tensors(tensors: dict) -> str:
+    return bytes(tensors.get(SAVE_ID_KEY, torch.zeros(0, dtype=torch.uint8)).tolist()).decode()
 
 
 def load_tree(stem: Path, device: torch.device | str = "cpu") -> Any:
     """Read what :func:`save_tree` wrote; tensors with ``weights_only=True`` (no code is unpickled)."""
-    structure = json.loads(stem.with_suffix(".json").read_text())
-    tensors = torch.load(stem.with_suffix(".pt"), map_location="cpu", weights_only=True)
-    return _decode(structure, tensors, device)
+    document = _read_json(stem.with_suffix(".json"))
+    tensors = _read_tensors(stem.with_suffix(".pt"))
+    if _save_id_of_tensors(tensors) != document.get("save_id", ""):
+        raise CheckpointError(f"{stem}.json and {stem}.pt come from different saves: save the checkpoint again")
+    return _decode(document["tree"], tensors, device)
 
 
 # -- hook state -------------------------------------------------------------------------------
@@ -175,9 +268,8 @@ def rank_stem(folder: str | Path, rank: int) -> Path:
     return Path(folder) / f"rank{rank}"
 
 
-def save_rank(folder: str | Path, rank: int, tree: dict) -> None:
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    save_tree(rank_stem(folder, rank), tree)
+def save_rank(folder: str | Path, rank: int, tree: dict, save_id: str) -> None:
+    save_tree(rank_stem(private_folder(folder), rank), tree, save_id)
 
 
 def load_rank(folder: str | Path, rank: int, device: torch.device | str) -> dict:
@@ -188,19 +280,59 @@ def load_rank(folder: str | Path, rank: int, device: torch.device | str) -> dict
 
 
 def write_run(folder: str | Path, meta: dict) -> None:
-    _write_whole(Path(folder) / RUN_FILE, lambda f: f.write(json.dumps(meta, default=str).encode()))
+    _write_whole(private_folder(folder) / RUN_FILE, lambda f: f.write(json.dumps(meta, default=str).encode()))
 
 
 def read_run(folder: str | Path) -> dict:
     path = Path(folder) / RUN_FILE
     if not path.exists():
-        raise ValueError(f"no checkpoint in {folder}: {RUN_FILE} is missing (run with checkpoint_at=k first)")
-    return json.loads(path.read_text())
+        raise CheckpointError(f"no checkpoint in {folder}: {RUN_FILE} is missing (run with checkpoint_at=k first)")
+    meta = _read_json(path)
+    if not isinstance(meta, dict) or not {"config", "step", "world_size"} <= set(meta):
+        raise CheckpointError(f"{path} is not a lab checkpoint's {RUN_FILE}: save the checkpoint again")
+    return meta
+
+
+def check_files(folder: str | Path) -> dict:
+    """run.json and every rank's two files: present, readable, and all from the same save; else which is not.
+
+    Run in the notebook before any rank starts, so a mixed, damaged or incomplete folder is refused with the
+    files it names instead of ranks that resume with different weights, or hang waiting for each other.
+    """
+    folder = Path(folder)
+    meta = read_run(folder)
+    save_id = meta.get("save_id")
+    if not save_id:
+        raise CheckpointError(f"{folder / RUN_FILE} has no save id: it was written before checkpoints had one")
+    mixed, missing = [], []
+    for rank in range(int(meta["world_size"])):
+        stem = rank_stem(folder, rank)
+        for path, read in ((stem.with_suffix(".json"), _read_json), (stem.with_suffix(".pt"), _read_tensors)):
+            try:
+                content = read(path)
+            except FileNotFoundError:
+                missing.append(path.name)
+                continue
+            found = content.get("save_id") if path.suffix == ".json" else _save_id_of_tensors(content)
+            if found != save_id:
+                mixed.append(path.name)
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {folder} is incomplete: {', '.join(missing)} missing (written with "
+            f"world_size={meta['world_size']}); save it again"
+        )
+    if mixed:
+        raise CheckpointError(
+            f"checkpoint {folder} mixes files from different saves: {', '.join(mixed)} do not belong to the save "
+            f"{RUN_FILE} describes (step {meta['step']}); resuming would give ranks different weights. Save the "
+            "checkpoint again into an empty folder"
+        )
+    return meta
 
 
 def check_resume(config_dict: dict, folder: str | Path) -> dict:
     """The checkpoint's metadata, if ``config_dict`` continues the same experiment; else a clear error."""
-    meta = read_run(folder)
+    meta = check_files(folder)
     saved = meta["config"]
     now = json.loads(json.dumps(config_dict, default=str))  # compared as the checkpoint stored them
     differ = [

@@ -8,6 +8,7 @@ values before any process starts.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import os
 import warnings
@@ -28,16 +29,33 @@ COMPILE_MODES = ("eager", "ddp_optimizer", "compiled_autograd")
 COMPILE_BACKEND = "aot_eager"
 
 
-def _positive(name: str, value, kind=numbers.Real) -> None:
-    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+#: Seeds reach torch's and numpy's generators (numpy's take 32 bits); a seed set adds 1000 per set.
+MAX_SEED = 2**32 - 1 - 1000 * 100
+#: A lab run is minutes of steps; a larger number is a typo (and would overflow counters in the ranks).
+MAX_STEPS = 10**7
+#: More than this is no bucket a laptop holds (DDP multiplies it by 2**20 into an int).
+MAX_BUCKET_CAP_MB = 1024.0**2
+
+
+def _positive(name: str, value, kind=numbers.Real, most: float = math.inf) -> None:
+    """``value`` of ``kind``, finite, > 0 and at most ``most`` (a NaN or an infinity is refused here, not in a rank)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, kind)
+        or not (isinstance(value, numbers.Integral) or math.isfinite(value))
+        or not 0 < value <= most
+    ):
+        limit = "" if most == math.inf else f", at most {most:g}"
         raise ValueError(
-            f"{name} must be a {'positive int' if kind is numbers.Integral else 'number > 0'}, got {value!r}"
+            f"{name} must be a {'positive int' if kind is numbers.Integral else 'finite number > 0'}{limit}, "
+            f"got {value!r}"
         )
 
 
-def _non_negative_int(name: str, value, hint: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name} must be an int >= 0{hint}, got {value!r}")
+def _non_negative_int(name: str, value, hint: str = "", most: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) <= (most or math.inf):
+        limit = f" and <= {most}" if most else ""
+        raise ValueError(f"{name} must be an int >= 0{limit}{hint}, got {value!r}")
 
 
 @dataclass
@@ -89,17 +107,22 @@ class ExperimentConfig:
         ``local=False`` when the ranks are given (torchrun, accelerate launch, inside a rank):
         this machine's limits (how many ranks, a GPU per rank here) are then not the lab's to check.
         """
+        if not isinstance(self.state_options, dict) or not all(isinstance(k, str) for k in self.state_options):
+            raise TypeError(
+                "state_options must be a dict of option names to values, e.g. {'matrix_approximation_rank': 2}, "
+                f"got {self.state_options!r}"
+            )
         choice = check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory)
         resolve_task_factory(self.model)
         if local:
             check_launch_options(self.world_size, self.backend, self.timeout_s, "spawn")
         else:
             check_common_options(self.world_size, self.backend, self.timeout_s)
-        _positive("steps", self.steps, numbers.Integral)
-        _positive("batch_size", self.batch_size, numbers.Integral)
+        _positive("steps", self.steps, numbers.Integral, most=MAX_STEPS)
+        _positive("batch_size", self.batch_size, numbers.Integral, most=MAX_STEPS)
         _positive("lr", self.lr)
-        _positive("bucket_cap_mb", self.bucket_cap_mb)
-        _non_negative_int("seed", self.seed)
+        _positive("bucket_cap_mb", self.bucket_cap_mb, most=MAX_BUCKET_CAP_MB)
+        _non_negative_int("seed", self.seed, most=MAX_SEED)
         _non_negative_int("eval_every", self.eval_every, " (0: evaluate at the end only)")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {list(OPTIMIZERS)}")
@@ -130,6 +153,9 @@ class ExperimentConfig:
                 raise ValueError(f"checkpoint_at={self.checkpoint_at} is after the last step (steps={self.steps})")
             if not self.checkpoint_dir:
                 raise ValueError("checkpoint_at needs checkpoint_dir: a folder the ranks can write")
+            from .checkpoint import private_folder
+
+            private_folder(self.checkpoint_dir)  # refused now if another account could replace its files
             if self.resume_from is not None and os.path.realpath(self.resume_from) == os.path.realpath(
                 self.checkpoint_dir
             ):

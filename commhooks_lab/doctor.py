@@ -101,23 +101,33 @@ def check_machine() -> Check:
     return Check("cores / memory", PASS, seen, "" if cores >= 2 else "one core: runs work, but slowly")
 
 
-def check_loopback() -> Check:
+def check_rendezvous() -> Check:
+    """The ranks' rendezvous: a FileStore in a folder only this account can enter (no socket at all)."""
+    import stat
     from datetime import timedelta
 
     import torch.distributed as dist
 
+    from .launcher.store import PrivateRendezvous
+
+    name = "private rendezvous"
     try:
-        store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False)
+        rendezvous = PrivateRendezvous()
+    except OSError as exc:
+        return Check(name, FAIL, f"{type(exc).__name__}: {exc}", "the temp folder must be writable: check TMPDIR")
+    try:
+        store = dist.FileStore(rendezvous.path, 1)
+        store.set_timeout(timedelta(seconds=5))
         store.set("doctor", "ok")
         ok = store.get("doctor") == b"ok"
+        mode = stat.S_IMODE(os.stat(rendezvous.folder).st_mode)
+        del store
     except Exception as exc:
-        return Check(
-            "loopback rendezvous",
-            FAIL,
-            f"{type(exc).__name__}: {exc}",
-            "allow connections to 127.0.0.1 (a firewall or VPN client may block loopback ports)",
-        )
-    return Check("loopback rendezvous", PASS if ok else FAIL, "TCPStore on 127.0.0.1 answers" if ok else "no answer")
+        return Check(name, FAIL, f"{type(exc).__name__}: {exc}", "report this machine's torch build and file system")
+    finally:
+        rendezvous.close()
+    seen = f"FileStore in a {mode:o} folder answers" if ok else "the FileStore does not answer"
+    return Check(name, PASS if ok and mode == 0o700 else FAIL, seen)
 
 
 def _child() -> None:  # a module-level function: spawn and forkserver must import it
@@ -243,7 +253,7 @@ def all_checks() -> list[Callable[[], Check]]:
         check_torch,
         check_accelerator,
         check_machine,
-        check_loopback,
+        check_rendezvous,
         lambda: check_start_method("spawn"),
         lambda: check_start_method("forkserver"),
         check_gloo_allreduce,

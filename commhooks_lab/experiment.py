@@ -11,6 +11,7 @@ from .config import ExperimentConfig
 from .fsdp2 import fsdp2_job
 from .hooks import HookChoice
 from .launcher import Cluster
+from .launcher.cluster import serialize_task
 from .rank_job import run_experiment
 from .result import Result, ResultSet, from_ranks
 
@@ -80,15 +81,22 @@ class _Progress:
             self.bar.close()
 
 
-def _run_checked(config: ExperimentConfig, choice: HookChoice, cluster: Cluster, progress: _Progress) -> Result:
-    worker = fsdp2_job if config.api == "fsdp2" else run_experiment
+def _task(config: ExperimentConfig, choice: HookChoice) -> bytes:
+    """The run as the bytes the ranks receive: a hook that cannot travel is refused here, before any rank starts."""
+    return serialize_task(fsdp2_job if config.api == "fsdp2" else run_experiment, (config, choice))
+
+
+def _run_checked(
+    config: ExperimentConfig, choice: HookChoice, task: bytes, ranks: _Ranks, progress: _Progress
+) -> Result:
+    cluster = ranks.for_config(config)
     if cluster.world_size != config.world_size:
         raise ValueError(
             f"this Cluster has {cluster.world_size} ranks but the config asks for "
             f"world_size={config.world_size}; make the Cluster with world_size={config.world_size}"
         )
-    ranks = cluster.run(worker, config, choice, timeout_s=config.timeout_s, on_event=progress.event)
-    return assemble_result(config, choice, ranks, cluster.start_method)
+    values = cluster.run_serialized(task, timeout_s=config.timeout_s, on_event=progress.event)
+    return assemble_result(config, choice, values, cluster.start_method)
 
 
 class _Ranks:
@@ -140,11 +148,12 @@ def run(
     """
     config = (config or ExperimentConfig()).replace(**changes)
     choice = config.check()
+    task = _task(config, choice)
     with contextlib.ExitStack() as stack:
         ranks = _Ranks(cluster, fresh, stack)
         bar = _Progress(config.steps, progress, on_step)
         stack.callback(bar.close)
-        return _run_checked(config, choice, ranks.for_config(config), bar)
+        return _run_checked(config, choice, task, ranks, bar)
 
 
 def compare(
@@ -167,11 +176,12 @@ def compare(
     if not configs:
         raise ValueError("compare needs at least one hook or config")
     choices = [config.check() for config in configs]
+    tasks = [_task(config, choice) for config, choice in zip(configs, choices)]
     results = ResultSet()
     with contextlib.ExitStack() as stack:
         ranks = _Ranks(cluster, fresh, stack)
         bar = _Progress(sum(c.steps for c in configs), progress, on_step)
         stack.callback(bar.close)
-        for config, choice in zip(configs, choices):
-            results.append(_run_checked(config, choice, ranks.for_config(config), bar))
+        for config, choice, task in zip(configs, choices, tasks):
+            results.append(_run_checked(config, choice, task, ranks, bar))
     return results

@@ -73,7 +73,7 @@ def _train(ctx, config: ExperimentConfig, choice: HookChoice) -> dict:
         steps.extend(step_rows)
         layers.extend(layer_rows)
 
-    first = 0
+    first, nonfinite = 0, None
     if config.resume_from is not None:
         from .resume import resume_rank
 
@@ -91,6 +91,8 @@ def _train(ctx, config: ExperimentConfig, choice: HookChoice) -> dict:
         record = probe.end_step(loss)
         setup.optimizer.step()
         record.update(step=step, step_time_s=time.perf_counter() - start)
+        if nonfinite is None:
+            nonfinite = nonfinite_note(step, loss, task.model, config)
         if task.test is not None and config.eval_every and (step + 1) % config.eval_every == 0:
             record["accuracy"] = accuracy(task.model, task.test, ctx.device)
         if probe.should_flush() or config.checkpoint_at == step + 1:
@@ -108,6 +110,8 @@ def _train(ctx, config: ExperimentConfig, choice: HookChoice) -> dict:
     final_accuracy = accuracy(task.model, task.test, ctx.device) if task.test is not None else math.nan
     if config.compile == "compiled_autograd":
         setup.notes.append(uncounted_bytes(steps))
+    if nonfinite is not None:
+        setup.notes.append(nonfinite)
     powersgd_iter = getattr(setup.state, "iter", None)
     sample = probe.sample(config.sample_layer) if config.measure else None
     return {
@@ -120,6 +124,21 @@ def _train(ctx, config: ExperimentConfig, choice: HookChoice) -> dict:
         "final": {"loss": steps[-1]["loss"], "accuracy": final_accuracy, "powersgd_iter": powersgd_iter},
         "env": run_environment(ctx, task),
     }
+
+
+def nonfinite_note(step: int, loss, model, config: ExperimentConfig) -> str | None:
+    """The first sign that training went non-finite (a NaN or an infinite loss or parameter), said once."""
+    if not math.isfinite(loss.item()):
+        where = f"the loss is {loss.item()} at step {step}"
+    else:
+        bad = next((name for name, p in model.named_parameters() if not torch.isfinite(p).all()), None)
+        if bad is None:
+            return None
+        where = f"parameter {bad!r} holds a NaN or an infinity after step {step}'s update (the loss was still finite)"
+    return (
+        f"training went non-finite: {where}. Every later number is meaningless. Causes: a learning rate too large "
+        f"(lr={config.lr:g}), or a hook that leaves NaN or inf in the gradients (check its arithmetic)."
+    )
 
 
 #: What the probe counts in the hook; compiled autograd sends through functional collectives it cannot see.

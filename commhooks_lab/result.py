@@ -144,8 +144,14 @@ def load(path) -> Result | ResultSet:
     path = Path(path)
     if path.is_dir():
         return ResultSet(load(p) for p in sorted(path.glob("*.json")))
-    data = json.loads(path.read_text())
-    if data.get("format") != FORMAT:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(
+            f"{path} is not a saved commhooks_lab Result (not JSON text: {exc}); lab.load reads what "
+            "result.save(path) wrote, or a folder of such files"
+        ) from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path} is not a saved commhooks_lab Result")
     if data.get("version") != VERSION:
         raise ValueError(f"{path} has Result format version {data.get('version')}; this lab reads {VERSION}")

@@ -13,6 +13,7 @@ before the first real step, as they were in the run that saved.
 from __future__ import annotations
 
 import itertools
+import uuid
 from pathlib import Path
 
 import torch
@@ -35,7 +36,10 @@ def save_checkpoint(ctx, config: ExperimentConfig, step: int, setup, task, probe
         "probe": probe.state_dict() if config.measure else None,
         "torch_rng": torch.get_rng_state(),
     }
-    checkpoint.save_rank(config.checkpoint_dir, ctx.rank, tree)
+    shared = [uuid.uuid4().hex if ctx.is_main else ""]
+    dist.broadcast_object_list(shared, src=0)  # one id for every rank's files and run.json: a mix is caught
+    save_id = str(shared[0])
+    checkpoint.save_rank(config.checkpoint_dir, ctx.rank, tree, save_id)
     dist.barrier()  # run.json last: its presence means every rank's files are complete
     if ctx.is_main:
         steps, layers = rows
@@ -43,6 +47,7 @@ def save_checkpoint(ctx, config: ExperimentConfig, step: int, setup, task, probe
             config.checkpoint_dir,
             {
                 "config": config.to_dict(),
+                "save_id": save_id,
                 "step": step,
                 "world_size": ctx.world_size,
                 "hook_state_type": tree["hook_state_type"],

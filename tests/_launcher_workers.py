@@ -79,3 +79,53 @@ def beat_slowly(ctx, steps, seconds):
         time.sleep(seconds)
         dist.all_reduce(torch.ones(1))
     return steps
+
+
+_skip_calls = [0]
+
+
+def skip_on_rank_1_at_step_2(state, bucket):
+    """An allreduce hook that, on rank 1 only, leaves out its collective at its third call (step 2)."""
+    call = _skip_calls[0]
+    _skip_calls[0] += 1
+    tensor = bucket.buffer().div_(dist.get_world_size())
+    if dist.get_rank() == 1 and call == 2:
+        fut = torch.futures.Future()
+        fut.set_result(tensor)
+        return fut
+    return dist.all_reduce(tensor, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def never_complete(state, bucket):
+    """A hook whose Future is never completed: DDP waits for it forever, on every rank, outside any collective."""
+    return torch.futures.Future()
+
+
+def length_of(ctx, blob):
+    """The size of a (large) argument: the task itself is the test."""
+    return len(blob)
+
+
+def kill_the_rank_server(ctx):
+    """Rank 0 kills the process that forked it (the rank server), then waits to be taken down with it."""
+    if ctx.rank == 0:
+        os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(60)
+    return ctx.rank
+
+
+def allocate_on_rank_1(ctx, mib):
+    """Rank 1 touches ``mib`` MiB of memory (its cgroup's limit decides whether it survives)."""
+    if ctx.rank == 1:
+        block = bytearray(mib * 2**20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+    dist.barrier()
+    return ctx.rank
+
+
+def nan_hook(state, bucket):
+    """An allreduce hook that leaves NaN in every gradient."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer().fill_(float("nan")))
+    return fut

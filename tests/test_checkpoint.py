@@ -2,6 +2,7 @@
 
 import math
 import pickle
+import time
 
 import numpy as np
 import pandas as pd
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 import commhooks_lab as lab
-from commhooks_lab import ExperimentConfig, checkpoint
+from commhooks_lab import ExperimentConfig, WorkerError, checkpoint
 from commhooks_lab.compressors import CompressorState, TopK
 
 # -- the format -----------------------------------------------------------------------------------
@@ -50,8 +51,9 @@ def test_loading_never_unpickles_code(tmp_path, capsys):
     checkpoint.save_tree(tmp_path / "x", {"t": torch.zeros(1)})
     with open(tmp_path / "x.pt", "wb") as f:  # someone replaced the tensors file
         pickle.dump({"t": Payload()}, f, protocol=2)
-    with pytest.raises(pickle.UnpicklingError):
+    with pytest.raises(checkpoint.CheckpointError, match=r"x\.pt cannot be read as tensors") as refused:
         checkpoint.load_tree(tmp_path / "x")
+    assert isinstance(refused.value.__cause__, pickle.UnpicklingError)  # weights_only refused the pickle
     assert "this ran" not in capsys.readouterr().out
 
 
@@ -107,9 +109,17 @@ def test_bad_checkpoint_options_are_refused(changes, message):
         ExperimentConfig(steps=10, **changes).check()
 
 
+def _fake_checkpoint(folder, config: ExperimentConfig, step: int = 4, save_id: str = "one-save") -> None:
+    """run.json and both ranks' files of one save, as save_checkpoint writes them (no ranks needed)."""
+    for rank in range(config.world_size):
+        checkpoint.save_rank(folder, rank, {"step": step}, save_id)
+    meta = {"config": config.to_dict(), "step": step, "world_size": config.world_size, "save_id": save_id}
+    checkpoint.write_run(folder, meta)
+
+
 def test_resuming_another_experiment_is_refused(tmp_path):
     config = ExperimentConfig(steps=10, lr=0.1)
-    checkpoint.write_run(tmp_path, {"config": config.to_dict(), "step": 4})
+    _fake_checkpoint(tmp_path, config)
     config.replace(resume_from=tmp_path).check()  # the same experiment: fine
     with pytest.raises(ValueError, match="lr: checkpoint 0.1, now 0.05"):
         config.replace(resume_from=tmp_path, lr=0.05).check()
@@ -209,3 +219,95 @@ def test_your_own_state_resumes_through_state_dict(cluster, tmp_path):
     assert resumed.final["param_digests"] == whole.final["param_digests"]
     assert dropped.final["param_digests"] != whole.final["param_digests"]
     assert "Fp16FeedbackState: residual (1 tensors" in resumed.notes[-1] and "steps=2" in resumed.notes[-1]
+
+
+# -- checkpoints that cannot be mixed or redirected ---------------------------------------------------------
+
+SMALL = dict(hook="power_sgd", state_options={"matrix_approximation_rank": 1, "start_powerSGD_iter": 2}, steps=6)
+
+
+def test_checkpoint_files_are_private_and_never_written_through_a_link(cluster, tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir(mode=0o700)
+    victim = tmp_path / "my_notes.txt"
+    victim.write_text("mine")
+    (folder / "rank0.pt.partial").symlink_to(victim)  # another account's trap
+    with pytest.raises(WorkerError, match=r"rank0\.pt\.partial exists and is not a file of ours"):
+        lab.run(**SMALL, checkpoint_at=3, checkpoint_dir=folder, cluster=cluster)
+    assert victim.read_text() == "mine"
+    (folder / "rank0.pt.partial").unlink()
+    lab.run(**SMALL, checkpoint_at=3, checkpoint_dir=folder, cluster=cluster)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+    assert set(modes) == {"rank0.json", "rank0.pt", "rank1.json", "rank1.pt", "run.json"}
+    assert set(modes.values()) == {0o600}, modes
+
+
+def test_a_folder_other_accounts_can_write_is_refused_before_ranks_start(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(checkpoint.CheckpointError, match=r"writable by other accounts \(mode 777\)"):
+        ExperimentConfig(**SMALL, checkpoint_at=3, checkpoint_dir=shared).check()
+
+
+@pytest.fixture(scope="module")
+def two_saves(cluster, tmp_path_factory):
+    """Two checkpoints of the same experiment: one at step 3 and one at step 4 (another save id each)."""
+    root = tmp_path_factory.mktemp("saves")
+    for name, at in (("a", 3), ("b", 4)):
+        lab.run(**SMALL, checkpoint_at=at, checkpoint_dir=root / name, cluster=cluster)
+    return root / "a", root / "b"
+
+
+def _copy(folder, tmp_path, name="mixed"):
+    import shutil
+
+    target = tmp_path / name
+    shutil.copytree(folder, target)
+    return target
+
+
+@pytest.mark.parametrize("files", [["rank1.json", "rank1.pt"], ["rank1.pt"]])
+def test_a_folder_mixing_two_saves_is_refused_naming_the_files(two_saves, tmp_path, files):
+    import shutil
+
+    a, b = two_saves
+    mixed = _copy(a, tmp_path)
+    for name in files:
+        shutil.copy(b / name, mixed / name)
+    start = time.monotonic()
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        lab.run(**SMALL, resume_from=mixed)
+    assert time.monotonic() - start < 5, "refused in the notebook, not after ranks hung"
+    assert "mixes files from different saves" in str(refused.value)
+    assert ", ".join(files) in str(refused.value) and "rank0" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "damage, text",
+    [
+        ("run.json", r"run\.json is damaged"),
+        ("rank0.pt", r"rank0\.pt cannot be read as tensors"),
+        ("rank1.json", r"rank1\.json is damaged"),
+    ],
+)
+def test_a_damaged_file_is_named_with_what_to_do(two_saves, tmp_path, damage, text):
+    damaged = _copy(two_saves[0], tmp_path)
+    data = (damaged / damage).read_bytes()
+    (damaged / damage).write_bytes(data[: len(data) // 2])  # truncated, as by a full disk
+    with pytest.raises(checkpoint.CheckpointError, match=text) as refused:
+        lab.run(**SMALL, resume_from=damaged)
+    assert "save the checkpoint again" in str(refused.value)
+
+
+def test_a_missing_rank_file_is_named(two_saves, tmp_path):
+    incomplete = _copy(two_saves[0], tmp_path)
+    (incomplete / "rank1.pt").unlink()
+    missing = r"incomplete: rank1\.pt missing \(written with world_size=2\)"
+    with pytest.raises(checkpoint.CheckpointError, match=missing):
+        lab.run(**SMALL, resume_from=incomplete)
+
+
+def test_an_intact_checkpoint_still_resumes(two_saves, cluster):
+    resumed = lab.run(**SMALL, resume_from=two_saves[0], cluster=cluster)
+    assert any("resumed from" in note for note in resumed.notes)

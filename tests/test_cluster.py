@@ -110,8 +110,11 @@ def test_nothing_listens_beyond_loopback_while_a_cluster_is_up():
         cluster.run(_workers.rank_and_sum)  # the group has talked: gloo's sockets are all open
         kernel = _listening(os.getpid())
         ranks = [addr for pid in cluster.pids for addr in _listening(pid)]
-        store_port = cluster._store[0].port
-    assert store_port in [addr.port for addr in kernel]  # the rendezvous store is the kernel's
+        rendezvous = cluster._store[0]
+        assert os.stat(rendezvous.folder).st_mode & 0o777 == 0o700  # the ranks meet in a file only we can reach
+        assert os.path.exists(rendezvous.path)
+    assert not os.path.exists(rendezvous.folder)  # gone with the Cluster
+    assert not kernel, f"the kernel listens on {kernel}: the rendezvous needs no socket"
     assert ranks  # gloo listens in every rank
     off_loopback = [addr for addr in kernel + ranks if not ipaddress.ip_address(addr.ip).is_loopback]
     assert not off_loopback, f"listening beyond 127.0.0.1: {off_loopback}"

@@ -15,7 +15,7 @@ def test_doctor_passes_here_and_prints_a_table(capsys):
     for name in (
         "python",
         "torch",
-        "loopback rendezvous",
+        "private rendezvous",
         "start method spawn",
         "2-rank gloo all-reduce",
         "reference numbers",

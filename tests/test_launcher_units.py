@@ -52,7 +52,10 @@ def test_the_verdict_names_the_rank_behind_then_the_silent_one_then_the_one_that
     v = silent.verdict(silent=[2], timeout_s=5)
     assert (v.ranks, v.step) == ([2], 7)
     assert "stopped answering in step 7 and never joined the collective that ranks [0, 1] waited in" in v.summary
-    assert silent.verdict(silent=[0, 1, 2], timeout_s=5) is None  # all silent: nothing points at one rank
+    # all silent and no collective timed out: they wait outside torch.distributed, not for one rank
+    everyone = silent.verdict(silent=[0, 1, 2], timeout_s=5)
+    assert "as did every rank, with no collective timing out" in everyone.summary
+    assert silent.verdict(silent=[0, 1, 2], timeout_s=5, timed_out=frozenset({0})) is None  # nothing points at one
 
     returned = StepWatch(2)
     returned.beat(0, 9, 0.0)

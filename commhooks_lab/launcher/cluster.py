@@ -15,6 +15,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -22,12 +23,14 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from . import rank_process, rank_server
+from .collective_log import left_out
 from .environment import child_environment, patched_environ
 from .errors import RankFailure, WorkerError, WorkerTimeoutError, explain_death
-from .options import DEFAULT_TIMEOUT_S, check_launch_options
+from .oom import killed_for_memory, oom_kills
+from .options import DEFAULT_TIMEOUT_S, check_common_options, check_environment, check_launch_options
 from .rank_logs import RankLog, stderr_into
 from .step_watch import StepWatch
-from .store import loopback_store
+from .store import PrivateRendezvous
 
 log = logging.getLogger("commhooks_lab")
 
@@ -88,6 +91,69 @@ def _root_cause_first(failures: list[RankFailure]) -> list[RankFailure]:
     return sorted(failures, key=lambda f: (2 if _is_echo(f) else (1 if f.how == "died" else 0), f.rank))
 
 
+class _Delivery:
+    """The task, written to every rank's pipe at once from threads of its own, so no wait is unbounded.
+
+    A rank that does not read (stopped, frozen) fills its pipe, and a large task then blocks the writer; written
+    from here the watchdog still runs, and the rank is named when it fires.
+    """
+
+    def __init__(self, conns: list, message: bytes):
+        self._lock = threading.Lock()
+        self._unsent = set(range(len(conns)))
+        self._threads = [
+            threading.Thread(target=self._send, args=(rank, conn, message), name=f"commhooks-send{rank}", daemon=True)
+            for rank, conn in enumerate(conns)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _send(self, rank: int, conn, message: bytes) -> None:
+        with contextlib.suppress(OSError, ValueError):  # the rank died, or we stopped it: the sentinel says which
+            conn.send_bytes(message)
+            with self._lock:
+                self._unsent.discard(rank)
+
+    def unsent(self) -> list[int]:
+        with self._lock:
+            return sorted(self._unsent)
+
+
+def _not_reading(ranks: list[int], timeout_s: float, failures: list[RankFailure]) -> WorkerTimeoutError:
+    summary = (
+        f"never took its task: {timeout_s:g} s after the run began its pipe was still full, so the process is not "
+        "reading (stopped with SIGSTOP or Ctrl-Z, frozen, or swapped out)"
+        + (f"; also not reading: ranks {ranks[1:]}" if len(ranks) > 1 else "")
+    )
+    others = _root_cause_first(failures) if failures else None
+    return WorkerTimeoutError(RankFailure(ranks[0], "timeout", summary), others)
+
+
+def _left_out(failures: list[RankFailure], timed_out: frozenset, world_size: int) -> WorkerTimeoutError | None:
+    """Every rank timed out in a collective, and one's collectives stopped following its own last step: that one."""
+    if len(timed_out) < world_size:
+        return None
+    logs = {f.rank: f.collectives for f in failures if f.rank in timed_out and f.collectives}
+    culprits = left_out(logs)
+    if not culprits:
+        return None
+    log = logs[culprits[0]]
+    others = _ranks_text(r for r in range(world_size) if r not in culprits)
+    summary = (
+        f"fell out of step with the others' collectives (by step {log['step']} it called {log['current'][:4]} where "
+        f"its step before began {log['previous'][:4]}, while {others} kept to the pattern and waited): a rank that "
+        "leaves out or adds a collective, such as a hook that skips one on some ranks, pairs every later one wrongly "
+        "until gloo's timeout"
+    )
+    rest = [f for f in failures if f.rank != culprits[0]]
+    return WorkerTimeoutError(RankFailure(culprits[0], "timeout", summary, step=log["step"]), rest)
+
+
+def _ranks_text(ranks) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+
+
 def _start_helpers(start_method: str) -> None:
     """Start multiprocessing's helper processes now, so they never inherit a rank's stderr file."""
     if start_method == "fork":
@@ -136,6 +202,8 @@ def _shutdown(procs: list, conns: list, store_holder: list, logs: list, graceful
             p.close()
     for log_file in logs:
         log_file.remove()
+    for rendezvous in store_holder:
+        rendezvous.close()
     store_holder.clear()
     procs.clear()
     conns.clear()
@@ -171,7 +239,7 @@ class Cluster:
         self.world_size = int(world_size)
         self.timeout_s = float(timeout_s)
         self.start_method = start_method
-        self.env = child_environment(env)
+        self.env = child_environment(check_environment(env))
         self.teardown_notes: list[str] = []
         self.starts = 0
         self._procs: list = []
@@ -180,6 +248,9 @@ class Cluster:
         self._logs: list[RankLog] = []
         self._server: rank_server.RankServer | None = None
         self._finalizer: weakref.finalize | None = None
+        # One run at a time: two threads writing to the same pipes would interleave their messages.
+        self._turn = threading.Lock()
+        self._oom_before: int | None = None  # the OOM killer's count when the current wait began
         self.start()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -199,14 +270,14 @@ class Cluster:
         self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._store, self._logs, True)
         self.starts += 1
         try:
-            # The parent hosts the rendezvous store, on 127.0.0.1 only, on a port the OS picks:
-            # no collisions between re-run cells or two kernels, nothing open to the network.
-            store = loopback_store(self.timeout_s)
-            self._store.append(store)
+            # The ranks meet in a file in a folder only this account can enter: no socket another
+            # local user (or the network) could reach, no collisions between re-run cells or two kernels.
+            rendezvous = PrivateRendezvous()
+            self._store.append(rendezvous)
             if self.start_method == "forkserver":
-                self._start_forked(store.port)
+                self._start_forked(rendezvous.path)
             else:
-                self._start_processes(store.port)
+                self._start_processes(rendezvous.path)
             self._collect(rank_process.READY, max(self.timeout_s, START_TIMEOUT_S), None)
             for rank_log in self._logs:
                 rank_log.detach()  # every rank holds its stderr file open now
@@ -214,14 +285,14 @@ class Cluster:
             self._stop(graceful=False)
             raise
 
-    def _add_rank(self, rank: int, port: int, mp_ctx: Any, process_class: Any, environ: dict | None, start) -> None:
+    def _add_rank(self, rank: int, store: str, mp_ctx: Any, process_class: Any, environ: dict | None, start) -> None:
         """One rank: its pipe and log, the process, ``start(proc, rank_log)``; kept only once it started."""
         parent_end, child_end = mp_ctx.Pipe(duplex=True)
         rank_log = RankLog(rank)
         self._logs.append(rank_log)
         proc = process_class(
             target=rank_process.worker_main,
-            args=(rank, self.world_size, self.backend, port, self.timeout_s, child_end, rank_log.path, environ),
+            args=(rank, self.world_size, self.backend, store, self.timeout_s, child_end, rank_log.path, environ),
             name=f"commhooks-rank{rank}",
             daemon=True,
         )
@@ -235,7 +306,7 @@ class Cluster:
         self._procs.append(proc)
         self._conns.append(parent_end)
 
-    def _start_forked(self, port: int) -> None:
+    def _start_forked(self, store: str) -> None:
         """Fork every rank from the rank server; each rank sets the environment it is handed."""
         import multiprocessing
 
@@ -245,14 +316,14 @@ class Cluster:
         for rank in range(self.world_size):
             self._add_rank(
                 rank,
-                port,
+                store,
                 multiprocessing,
                 rank_server.RankProcess,
                 environ,
                 lambda proc, _log: rank_server.start(proc, self._server, timeout_s),
             )
 
-    def _start_processes(self, port: int) -> None:
+    def _start_processes(self, store: str) -> None:
         """Spawn (or fork) every rank; each inherits our environment and fd 2, both patched for the moment."""
         import torch.multiprocessing as mp
 
@@ -265,7 +336,7 @@ class Cluster:
 
         with patched_environ(self.env):
             for rank in range(self.world_size):
-                self._add_rank(rank, port, mp_ctx, mp_ctx.Process, None, start)
+                self._add_rank(rank, store, mp_ctx, mp_ctx.Process, None, start)
 
     def _stop(self, graceful: bool) -> None:
         if self._finalizer is not None and self._finalizer.alive:
@@ -298,31 +369,37 @@ class Cluster:
         self, payload: bytes, *, timeout_s: float | None = None, on_event: EventCallback | None = None
     ) -> list:
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        if not timeout > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        check_common_options(self.world_size, None, timeout)
+        with self._turn:  # a second thread's run waits here for this one to end (as a second cell would)
+            return self._run_turn(payload, timeout, on_event)
+
+    def _run_turn(self, payload: bytes, timeout: float, on_event: EventCallback | None) -> list:
         self.start()
         try:
-            message = pickle.dumps((rank_process.RUN, payload))
-            for conn in self._conns:
-                conn.send_bytes(message)
-            return self._collect(rank_process.RESULT, timeout, on_event)
+            delivery = _Delivery(self._conns, pickle.dumps((rank_process.RUN, payload)))
+            return self._collect(rank_process.RESULT, timeout, on_event, delivery)
         except BaseException:  # a worker error, a timeout, or the kernel interrupted us
             self._stop(graceful=False)
             raise
 
-    def _collect(self, expected: str, timeout_s: float, on_event: EventCallback | None) -> list:
+    def _collect(
+        self, expected: str, timeout_s: float, on_event: EventCallback | None, delivery: _Delivery | None = None
+    ) -> list:
         """Wait for one ``expected`` message per rank, forwarding events; raise on any failure."""
         try:
-            return self._wait_for(expected, timeout_s, on_event)
+            return self._wait_for(expected, timeout_s, on_event, delivery)
         finally:
             for rank_log in self._logs:
                 rank_log.forward()  # what the ranks printed reaches our stderr, as it would unredirected
             if self._server is not None:
                 self._server.log.forward()
 
-    def _wait_for(self, expected: str, timeout_s: float, on_event: EventCallback | None) -> list:
+    def _wait_for(
+        self, expected: str, timeout_s: float, on_event: EventCallback | None, delivery: _Delivery | None
+    ) -> list:
         results: list = [None] * self.world_size
         pending = set(range(self.world_size))
+        self._oom_before = oom_kills()
         failures: list[RankFailure] = []
         watch = StepWatch(self.world_size)
         last_sign_of_life = time.monotonic()
@@ -344,7 +421,13 @@ class Cluster:
                 watch.finished(rank)
             elif kind == rank_process.ERROR:
                 failures.append(
-                    RankFailure(rank, "raised", f"raised {payload['type']}: {payload['message']}", payload["traceback"])
+                    RankFailure(
+                        rank,
+                        "raised",
+                        f"raised {payload['type']}: {payload['message']}",
+                        payload["traceback"],
+                        collectives=payload.get("collectives"),
+                    )
                 )
                 pending.discard(rank)
 
@@ -357,6 +440,9 @@ class Cluster:
                 if now >= grace_until:
                     break
             if now >= deadline:
+                unsent = delivery.unsent() if delivery is not None else []
+                if unsent:
+                    raise _not_reading(unsent, timeout_s, failures)
                 raise self._hang(watch, sorted(pending), timeout_s, failures, watchdog=True)
             until = min(deadline, grace_until) if grace_until else deadline
             if watch.active:
@@ -386,6 +472,9 @@ class Cluster:
                     _say(stall)
         if failures:
             first, *others = _root_cause_first(failures)
+            unsent = delivery.unsent() if delivery is not None else []
+            if unsent and _is_echo(first):  # the others gave up waiting for a rank that never got its task
+                raise _not_reading(unsent, timeout_s, failures)
             if _is_echo(first):  # a rank gave up waiting in a collective: name the one it waited for
                 hang = self._hang(watch, sorted(pending), timeout_s, failures, watchdog=False)
                 if hang is not None:
@@ -404,11 +493,30 @@ class Cluster:
         explanation = explain_death(tail)
         if explanation:
             summary += ", before it could run your code"
+        elif self._server is not None and not self._server.running():
+            explanation = (
+                f"the rank server (pid {self._server.pid}) that forked it died first, and a rank leaves with its "
+                "server; the next run starts a new server (start_method='spawn' needs none)"
+            )
+        elif proc.exitcode == -signal.SIGKILL:
+            for_memory, counted = killed_for_memory(self._oom_before)
+            explanation = (
+                f"{counted}: this rank was most likely the one killed, for memory. Use a smaller model or batch, "
+                "fewer ranks, or close other programs; in a container, raise its memory limit"
+                if for_memory
+                else f"something outside the lab sent SIGKILL ({counted})"
+                if counted
+                else ""
+            )
         return RankFailure(rank, "died", summary, stderr_tail=tail, detail=explanation or "")
 
     def _hang(self, watch: StepWatch, silent: list[int], timeout_s: float, failures: list, *, watchdog: bool):
         """The error for ranks that stopped making progress (None if nothing points at a rank)."""
-        verdict = watch.verdict(silent, timeout_s)
+        timed_out = frozenset(f.rank for f in failures if _is_echo(f))
+        skipped = _left_out(failures, timed_out, self.world_size)
+        if skipped is not None:
+            return skipped
+        verdict = watch.verdict(silent, timeout_s, timed_out)
         if verdict is not None:
             listed = f" (ranks the others waited for: {verdict.ranks})" if len(verdict.ranks) > 1 else ""
             failure = RankFailure(verdict.ranks[0], "timeout", verdict.summary + listed, step=verdict.step)

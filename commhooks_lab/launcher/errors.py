@@ -18,6 +18,7 @@ class RankFailure:
     stderr_tail: str = ""  # the last lines the rank wrote to stderr, for deaths without a traceback
     step: int | None = None  # for a hang: the step the other ranks waited at
     detail: str = ""  # what it means and what to do, shown for the root cause only
+    collectives: dict | None = None  # the rank's collectives this step and the last (collective_log)
 
 
 class WorkerError(RuntimeError):

@@ -7,6 +7,7 @@ only make sense when the lab itself starts the ranks on this machine. Under torc
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import numbers
 import os
@@ -14,6 +15,8 @@ import os
 BACKENDS = ("gloo", "nccl")
 #: Lessons wait this long for a silent rank: long enough for a step, short enough to stay in the lesson.
 DEFAULT_TIMEOUT_S = 30.0
+#: A wait longer than a week is a mistake, not a lesson (and ``timedelta`` overflows long before infinity).
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 def max_local_world_size() -> int:
@@ -33,12 +36,32 @@ def check_common_options(world_size, backend, timeout_s) -> None:
         raise TypeError(f"world_size must be a positive int (number of ranks), got {world_size!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not float(timeout_s) > 0:
-        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}")
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, numbers.Real)
+        or not math.isfinite(float(timeout_s))
+        or not 0 < float(timeout_s) <= MAX_TIMEOUT_S
+    ):
+        raise ValueError(
+            f"timeout_s must be a finite number of seconds, more than 0 and at most {MAX_TIMEOUT_S:g} (a week), "
+            f"got {timeout_s!r}"
+        )
     if backend is not None and backend not in BACKENDS:
         raise ValueError(
             f"unknown backend {backend!r}; choose 'gloo' (CPU) or 'nccl' (one GPU per rank), or None to pick"
         )
+
+
+def check_environment(env) -> dict[str, str]:
+    """``Cluster(env=...)``: names and values must be strings (os.environ holds nothing else)."""
+    if env is None:
+        return {}
+    if not isinstance(env, dict):
+        raise TypeError(f"env must be a dict of str to str, got {type(env).__name__}")
+    wrong = [f"{k!r}: {v!r}" for k, v in env.items() if not isinstance(k, str) or not isinstance(v, str)]
+    if wrong:
+        raise TypeError(f"env must map str to str (os.environ holds strings only): {', '.join(wrong[:5])}")
+    return dict(env)
 
 
 def check_launch_options(world_size, backend, timeout_s, start_method) -> str:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from .collective_log import CollectiveLog
+
 # Message kinds, child -> parent.
 READY, EVENT, HEARTBEAT, RESULT, ERROR = "ready", "event", "heartbeat", "result", "error"
 # Message kinds, parent -> child.
@@ -57,12 +59,13 @@ class WorkerContext:
             self._beat(int(step))
 
 
-def error_payload(exc: BaseException) -> dict:
+def error_payload(exc: BaseException, log: CollectiveLog | None = None) -> dict:
     """Describe an exception as plain data: the exception object itself may not unpickle."""
     return {
         "type": type(exc).__name__,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "collectives": log.snapshot() if log is not None else None,
     }
 
 
@@ -77,6 +80,7 @@ class Channel:
         self.conn = conn
         self.rank = rank
         self._lock = threading.Lock()
+        self.collectives = CollectiveLog()  # sent with an error: did this rank leave a collective out?
 
     def send(self, kind: str, payload: Any) -> None:
         import cloudpickle
@@ -89,6 +93,7 @@ class Channel:
         self._send_bytes(data)
 
     def heartbeat(self, step: int) -> None:
+        self.collectives.beat(step)
         self._send_bytes(pickle.dumps((HEARTBEAT, self.rank, step)))
 
     def _send_bytes(self, data: bytes) -> None:
@@ -146,7 +151,7 @@ def worker_main(
     rank: int,
     world_size: int,
     backend: str,
-    store_port: int,
+    store_path: str,
     timeout_s: float,
     conn,
     stderr_path: str | None = None,
@@ -154,8 +159,9 @@ def worker_main(
 ) -> None:
     """Entry point of one rank started by :class:`commhooks_lab.Cluster`.
 
-    ``environ``: the whole environment this rank must see (a rank forked by the rank server
-    inherited the server's; spawned ranks copied the notebook's already).
+    ``store_path``: the FileStore the ranks meet in (:class:`~.store.PrivateRendezvous`). ``environ``: the
+    whole environment this rank must see (a rank forked by the rank server inherited the server's; spawned
+    ranks copied the notebook's already).
     """
     import signal
 
@@ -176,7 +182,9 @@ def worker_main(
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        # What torchrun would set, so code written for a real cluster finds its bearings.
+        channel.collectives.install()
+        # What torchrun would set, so code written for a real cluster finds its bearings (there is no
+        # MASTER_PORT: the group exists already, and its store is a file, not a port).
         os.environ.update(
             {
                 "RANK": str(rank),
@@ -184,10 +192,11 @@ def worker_main(
                 "WORLD_SIZE": str(world_size),
                 "LOCAL_WORLD_SIZE": str(world_size),
                 "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(store_port),
             }
         )
-        store = dist.TCPStore("127.0.0.1", store_port, world_size, False, timedelta(seconds=timeout_s))
+        os.environ.pop("MASTER_PORT", None)
+        store = dist.FileStore(store_path, world_size)
+        store.set_timeout(timedelta(seconds=timeout_s))
         device = init_process_group(rank, world_size, backend, store, timeout_s)
         ctx = WorkerContext(
             rank,
@@ -213,7 +222,7 @@ def worker_main(
             fn, args = cloudpickle.loads(payload)
             value = fn(ctx, *args)
         except BaseException as exc:
-            channel.send(ERROR, error_payload(exc))
+            channel.send(ERROR, error_payload(exc, channel.collectives))
         else:
             channel.send(RESULT, value)
     dist.destroy_process_group()

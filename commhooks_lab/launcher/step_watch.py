@@ -88,14 +88,35 @@ class StepWatch:
             )
         return f"commhooks_lab: no rank has gone past step {front} for {waited:.0f} s {limit}"
 
-    def verdict(self, silent: list[int], timeout_s: float) -> Verdict | None:
-        """After a hang: the rank(s) the others waited for, or None if the heartbeats cannot tell."""
+    def verdict(self, silent: list[int], timeout_s: float, timed_out: frozenset = frozenset()) -> Verdict | None:
+        """After a hang: the rank(s) the others waited for, or None if the heartbeats cannot tell.
+
+        ``timed_out``: the ranks that gave up waiting in a collective themselves (gloo's timeout).
+        """
         if not self.active:
             return None
         front, _ = self._front()
         behind = self.behind()
-        ahead = _ranks(r for r in range(self.world_size) if r not in behind)
+        ahead_ranks = [r for r in range(self.world_size) if r not in behind]
+        ahead = _ranks(ahead_ranks)
         waited = f"waited for it in a collective until timeout_s={timeout_s:g} s ran out"
+        if behind and set(behind) <= timed_out and not silent:
+            # The ranks behind were waiting in a collective too: the ones ahead got there by leaving one out.
+            where = min(self.reached.get(r, 0) for r in behind)
+            return Verdict(
+                ahead_ranks,
+                where,
+                f"ran ahead to step {front} while {_ranks(behind)} waited in a collective of step {where}: it left "
+                "out a collective the others joined (a hook or loop that skips one on some ranks), so every later "
+                f"collective paired up wrongly until timeout_s={timeout_s:g} s ran out",
+            )
+        if not behind and not timed_out and len(silent) == self.world_size:
+            return Verdict(
+                [0],
+                front,
+                f"stopped in step {front}, as did every rank, with no collective timing out: they wait on something "
+                "outside torch.distributed, such as a hook's Future that is never completed",
+            )
         if behind:
             culprit = behind[0]
             last = self.reached.get(culprit)

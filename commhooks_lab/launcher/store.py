@@ -1,39 +1,47 @@
-"""The notebook's rendezvous store, listening on 127.0.0.1 only.
+"""The notebook's rendezvous: a FileStore in a folder only this account can enter.
 
-``TCPStore("127.0.0.1", 0, is_master=True)`` listens on every interface whatever host it is
-given: on a workshop's shared Wi-Fi that is an unauthenticated store open to the room for as
-long as a warm Cluster lives. So the lab binds the socket itself, on loopback, and hands it over.
+A TCPStore listens on a port every local account can reach and answers anyone: on a shared workshop server
+another user could read and write its keys, and one SET header announcing a 3 GiB value made the store's thread
+allocate it (the kernel was OOM-killed), or block every new Cluster by half-opening requests. A ``FileStore``
+has no socket at all: ranks meet in a file inside a fresh ``0700`` folder (``tempfile.mkdtemp``), so nothing of the
+rendezvous is reachable from another account, for the whole life of a warm Cluster (later process groups,
+FSDP2's and subgroups, use the same store). The folder goes when the Cluster stops.
 """
 
 from __future__ import annotations
 
-import socket
-from datetime import timedelta
+import os
+import shutil
+import stat
+import tempfile
 
-LOOPBACK = "127.0.0.1"
+PREFIX = "commhooks-rendezvous-"
 
 
-def loopback_store(timeout_s: float):
-    """A master ``TCPStore`` on a port the OS picks, reachable from this machine only."""
-    import torch.distributed as dist
+def _private_parent() -> str | None:
+    """``$XDG_RUNTIME_DIR`` (a per-user tmpfs, 0700) when it is ours; else the system temp folder."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        info = os.stat(runtime)
+        if info.st_uid == os.getuid() and not info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            return runtime
+    return None
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind((LOOPBACK, 0))
-        sock.listen(128)
-        port = sock.getsockname()[1]
-    except BaseException:
-        sock.close()
-        raise
-    fd = sock.detach()  # the store owns the socket from here on and closes it
-    # use_libuv=False: the libuv server cannot adopt a listening socket (master_listen_fd).
-    return dist.TCPStore(
-        LOOPBACK,
-        port,
-        None,
-        True,
-        timedelta(seconds=timeout_s),
-        wait_for_workers=False,
-        master_listen_fd=fd,
-        use_libuv=False,
-    )
+
+class PrivateRendezvous:
+    """Where this Cluster's ranks meet: the path of a FileStore in a folder only its owner can enter."""
+
+    def __init__(self) -> None:
+        self.folder = tempfile.mkdtemp(prefix=PREFIX, dir=_private_parent())  # mode 0700, a name nobody chose
+        mode = stat.S_IMODE(os.stat(self.folder).st_mode)
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            self.close()
+            raise PermissionError(f"{self.folder} is open to other accounts (mode {mode:o}); refusing to rendezvous")
+        self.path = os.path.join(self.folder, "store")
+
+    def close(self) -> None:
+        """Remove the folder and the store's file (ranks that still hold it open keep their handle)."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"PrivateRendezvous({self.path!r})"

@@ -1,0 +1,184 @@
+"""Every failure named by its real cause, every wait bounded, every bad input refused before a process starts.
+
+Each test here is a fault that used to read as something else (or hang, or fail late inside the ranks); it now
+gets a message that names the cause and the rank, within the run's ``timeout_s``, and leaves nothing running.
+"""
+
+import math
+import os
+import signal
+import time
+from pathlib import Path
+
+import _launcher_workers
+import pytest
+
+import commhooks_lab as lab
+from commhooks_lab import Cluster, WorkerError, WorkerTimeoutError, session
+from commhooks_lab.launcher.cluster import WATCHDOG_MARGIN_S
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+
+# -- waits bounded by timeout_s, sends included ---------------------------------------------------------------
+
+
+def test_a_stopped_rank_and_a_large_task_end_within_the_timeout_naming_the_rank():
+    with Cluster(world_size=2, timeout_s=3) as cluster:
+        stopped = cluster.pids[1]
+        os.kill(stopped, signal.SIGSTOP)
+        start = time.monotonic()
+        try:
+            with pytest.raises(WorkerTimeoutError) as info:
+                cluster.run(_launcher_workers.length_of, b"x" * (64 << 20))  # far more than a pipe holds
+        finally:
+            if cluster.alive:
+                os.kill(stopped, signal.SIGCONT)
+        elapsed = time.monotonic() - start
+    assert elapsed < 3 + WATCHDOG_MARGIN_S + 10, f"the parent waited {elapsed:.0f} s"
+    assert info.value.rank == 1 and "never took its task" in str(info.value) and "SIGSTOP" in str(info.value)
+
+
+# -- the real cause ------------------------------------------------------------------------------------------
+
+
+def test_a_hook_that_skips_its_collective_on_rank_1_is_blamed_on_rank_1():
+    with pytest.raises(WorkerTimeoutError) as info:
+        lab.run(hook=_launcher_workers.skip_on_rank_1_at_step_2, steps=5, timeout_s=4, fresh=True)
+    assert info.value.rank == 1 and "fell out of step with the others' collectives" in str(info.value)
+    assert "rank 0 kept to the pattern" in str(info.value)
+
+
+def test_a_future_that_never_completes_is_told_apart_from_a_missing_rank():
+    with pytest.raises(WorkerTimeoutError) as info:
+        lab.run(hook=_launcher_workers.never_complete, steps=3, timeout_s=3, fresh=True)
+    assert "as did every rank, with no collective timing out" in str(info.value)
+    assert "a hook's Future that is never completed" in str(info.value)
+
+
+def test_the_rank_servers_death_is_named():
+    with Cluster(world_size=2, timeout_s=10, start_method="forkserver") as cluster:
+        server = cluster._server.pid
+        with pytest.raises(WorkerError) as info:
+            cluster.run(_launcher_workers.kill_the_rank_server)
+    assert f"the rank server (pid {server}) that forked it died first" in str(info.value)
+
+
+def test_a_rank_killed_by_sigkill_outside_the_lab_is_not_called_an_oom_kill():
+    with pytest.raises(WorkerError) as info:
+        lab.launch(_launcher_workers.write_to_stderr_then_die, 1, 1, "signal", world_size=2)
+    assert "SIGKILL" in str(info.value) and "not the out-of-memory killer" in str(info.value)
+
+
+def _memory_cgroup() -> Path | None:
+    """A memory cgroup of our own to move a rank into (cgroup v1 or v2), or None where we may not make one."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            limit = "memory.limit_in_bytes"
+        elif controllers == "":
+            base = Path("/sys/fs/cgroup/unified") / path.lstrip("/")
+            base = base if base.exists() else Path("/sys/fs/cgroup") / path.lstrip("/")
+            limit = "memory.max"
+        else:
+            continue
+        group = base / f"commhooks-oom-{os.getpid()}"
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        if (group / limit).exists():
+            return group
+        group.rmdir()
+    return None
+
+
+def test_an_out_of_memory_kill_is_named_as_one():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a memory cgroup")
+    group = _memory_cgroup()
+    if group is None:
+        pytest.skip("no writable memory cgroup here")
+    limit = "memory.limit_in_bytes" if (group / "memory.limit_in_bytes").exists() else "memory.max"
+    try:
+        with Cluster(world_size=2, timeout_s=20) as cluster:
+            rank1 = cluster.pids[1]
+            rss = int(Path(f"/proc/{rank1}/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
+            (group / limit).write_text(str(rss + (96 << 20)))
+            (group / "cgroup.procs").write_text(str(rank1))
+            with pytest.raises(WorkerError) as info:
+                cluster.run(_launcher_workers.allocate_on_rank_1, 512)
+    finally:
+        for _ in range(50):  # the rank must be gone before its cgroup can be removed
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    assert info.value.rank == 1 and "SIGKILL" in str(info.value)
+    assert "out-of-memory killer" in str(info.value) and "most likely the one killed, for memory" in str(info.value)
+
+
+# -- refused before any process starts ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, error, text",
+    [
+        ({"timeout_s": math.inf}, ValueError, "timeout_s must be a finite number of seconds"),
+        ({"timeout_s": math.nan}, ValueError, "timeout_s must be a finite number"),
+        ({"seed": 2**70}, ValueError, "seed must be an int >= 0 and <="),
+        ({"bucket_cap_mb": math.inf}, ValueError, "bucket_cap_mb must be a finite number > 0"),
+        ({"lr": math.inf}, ValueError, "lr must be a finite number > 0"),
+        ({"lr": math.nan}, ValueError, "lr must be a finite number > 0"),
+        ({"steps": 10**30}, ValueError, "steps must be a positive int, at most"),
+        ({"state_options": "matrix_approximation_rank=2"}, TypeError, "state_options must be a dict"),
+    ],
+)
+def test_bad_options_are_refused_before_any_process_starts(changes, error, text):
+    with pytest.raises(error, match=text):
+        lab.run(**{"steps": 2, **changes})
+    assert session.active() == []
+
+
+def test_an_environment_that_is_not_strings_is_refused_before_ranks_start():
+    with pytest.raises(TypeError, match=r"env must map str to str .*'X': 4"):
+        Cluster(world_size=2, env={"X": 4})
+
+
+def test_a_hook_that_cannot_travel_is_refused_before_the_sessions_ranks_start():
+    import threading
+
+    lock = threading.Lock()
+
+    def hook_with_a_lock(state, bucket):
+        with lock:
+            return None
+
+    session.close()
+    with pytest.raises(TypeError, match="cannot send"):
+        lab.run(hook=hook_with_a_lock, steps=2)
+    assert session.active() == []
+
+
+def test_loading_a_file_that_is_not_a_result_names_it(tmp_path):
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(ValueError, match=r"weights\.bin is not a saved commhooks_lab Result \(not JSON text"):
+        lab.load(binary)
+
+
+# -- training that goes non-finite ----------------------------------------------------------------------------
+
+
+def test_a_hook_that_writes_nan_gets_a_note_naming_the_step_and_the_parameter():
+    result = lab.run(hook=_launcher_workers.nan_hook, steps=3, measure=False)
+    (note,) = [n for n in result.notes if "non-finite" in n]
+    assert "parameter '0.weight' holds a NaN or an infinity after step 0's update" in note
+
+
+def test_a_learning_rate_that_blows_up_gets_a_note():
+    result = lab.run(hook="allreduce", steps=12, lr=1e6)
+    (note,) = [n for n in result.notes if "non-finite" in n]
+    assert "lr=1e+06" in note and ("the loss is nan" in note or "holds a NaN" in note)
