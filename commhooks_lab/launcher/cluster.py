@@ -493,7 +493,7 @@ class Cluster:
         explanation = explain_death(tail)
         if explanation:
             summary += ", before it could run your code"
-        elif self._server is not None and not self._server.running():
+        elif self._server is not None and self._server_died():
             explanation = (
                 f"the rank server (pid {self._server.pid}) that forked it died first, and a rank leaves with its "
                 "server; the next run starts a new server (start_method='spawn' needs none)"
@@ -509,6 +509,16 @@ class Cluster:
                 else ""
             )
         return RankFailure(rank, "died", summary, stderr_tail=tail, detail=explanation or "")
+
+    def _server_died(self, settle_s: float = 0.5) -> bool:
+        """Did the rank server die? Asked for a moment: its ranks can notice before it is a zombie we can see."""
+        assert self._server is not None
+        deadline = time.monotonic() + settle_s
+        while self._server.running():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def _hang(self, watch: StepWatch, silent: list[int], timeout_s: float, failures: list, *, watchdog: bool):
         """The error for ranks that stopped making progress (None if nothing points at a rank)."""
