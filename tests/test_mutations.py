@@ -61,23 +61,16 @@ def test_a_mutation_fails_the_notebook_check_strict_and_tolerant(mutation):
     assert set(tolerant) <= set(strict)
 
 
+def _patch_installed(mutation: str) -> str:
+    """What a fresh interpreter with the mutations folder on its path says: is a patch waiting for its module?"""
+    code = "import sys; print(any(type(f).__name__ == '_PatchAfterImport' for f in sys.meta_path))"
+    env = {**os.environ, "PYTHONPATH": str(MUTATIONS_DIR), "COMMHOOKS_LAB_MUTATION": mutation}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    return out.stdout.strip() or out.stderr
+
+
 def test_without_a_mutation_the_hook_patches_nothing():
     """The control: the unmutated notebooks pass nbval with this folder absent; with it present and no mutation
     named, it installs nothing (so every failure above is the mutation's)."""
-    code = "import sys; print(any(type(f).__name__ == '_PatchAfterImport' for f in sys.meta_path))"
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": str(MUTATIONS_DIR), "COMMHOOKS_LAB_MUTATION": ""},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.stdout.strip() == "False", out.stderr
-    named = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": str(MUTATIONS_DIR), "COMMHOOKS_LAB_MUTATION": "one_more_byte"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert named.stdout.strip() == "True", named.stderr
+    assert _patch_installed("") == "False"
+    assert _patch_installed("one_more_byte") == "True"
