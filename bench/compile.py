@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import commhooks_lab as lab  # noqa: E402
-from commhooks_lab.config import COMPILE_BACKEND, COMPILE_MODES  # noqa: E402
+from commhooks_lab.engine.config import COMPILE_BACKEND, COMPILE_MODES  # noqa: E402
 
 
 def main() -> None:

@@ -175,7 +175,7 @@ def job(steps):
     import torch.distributed as dist
 
     from commhooks_lab import ExperimentConfig, WorkerContext
-    from commhooks_lab.rank_job import run_experiment
+    from commhooks_lab.engine.job import run_experiment
 
     if not dist.is_initialized():
         dist.init_process_group("gloo")

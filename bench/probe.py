@@ -24,8 +24,8 @@ from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import commhooks_lab as lab  # noqa: E402
+from commhooks_lab.engine.models import Task  # noqa: E402
 from commhooks_lab.experiment import DEFAULT_COMPARISON, as_config  # noqa: E402
-from commhooks_lab.models import Task  # noqa: E402
 
 
 class _Block(nn.Module):
@@ -81,7 +81,7 @@ MODELS = {
 
 
 def _parameters(model) -> int:
-    from commhooks_lab.models import build_task
+    from commhooks_lab.engine.models import build_task
 
     return sum(p.numel() for p in build_task(model, 0).model.parameters())
 

@@ -2,9 +2,9 @@
 
 Heavy parts (pandas, matplotlib, ipywidgets) load on first use, so the rank processes,
 which import this package, start as fast as ``import torch`` allows. Importing it in a notebook
-or script starts the rank server (a forkserver that imports torch once, so the first run's ranks
-start in a fork's time) and imports a run's own modules on a background thread;
-``COMMHOOKS_LAB_PREWARM=0`` turns both off.
+kernel starts the rank server (a forkserver that imports torch once, so the first run's ranks
+start in a fork's time) and imports a run's own modules on a background thread; a script starts
+nothing until it runs something. ``COMMHOOKS_LAB_PREWARM=0`` turns both off, ``=1`` on in a script too.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import importlib
 
 __version__ = "0.1.0"
 
+#: The notebook API: name -> the module that defines it (imported on first use).
 _EXPORTS = {
     "launch": "launcher",
     "Cluster": "launcher",
@@ -21,50 +22,44 @@ _EXPORTS = {
     "WorkerContext": "launcher",
     "launch_from_env": "launcher",
     "selfcheck": "launcher",
-    "ExperimentConfig": "config",
+    "ExperimentConfig": "engine.config",
     "run": "experiment",
     "compare": "experiment",
     "Result": "result",
     "ResultSet": "result",
     "load": "result",
-    "available_hooks": "availability",
-    "check_hook_choice": "hooks",
-    "Task": "models",
+    "available_hooks": "studies.availability",
+    "check_hook_choice": "hooks.choice",
+    "Task": "engine.models",
     "HookLab": "widgets",
 }
 
-__all__ = sorted(_EXPORTS)
+#: Modules a notebook reaches as attributes (``lab.plots.overview``), imported on first use: public name -> module.
+_SUBMODULES = {
+    "plots": "plots",
+    "widgets": "widgets",
+    "result": "result",
+    "doctor": "doctor",
+    "testing": "testing",
+    "exercises": "exercises",
+    "studies": "studies",
+    "network": "studies.network",
+    "precision": "studies.precision",
+    "registry": "hooks.registry",
+    "compressors": "hooks.compressors",
+    "contract": "hooks.contract",
+    "models": "engine.models",
+    "checkpoint": "engine.checkpoint",
+    "session": "launcher.session",
+    "numerics": "launcher.numerics",
+}
 
-
-#: Submodules reachable as attributes (``lab.plots.overview``), imported on first use.
-_SUBMODULES = (
-    "plots",
-    "hooks",
-    "registry",
-    "compressors",
-    "netmodel",
-    "studies",
-    "exercises",
-    "widgets",
-    "models",
-    "probe",
-    "result",
-    "scaling",
-    "checkpoint",
-    "contract",
-    "doctor",
-    "testing",
-    "compile_compat",
-    "session",
-    "numerics",
-)
+__all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 
 
 def __getattr__(name: str):
-    if name == "numerics":
-        return _numerics
     if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
+        return importlib.import_module(f".{_SUBMODULES[name]}", __name__)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'commhooks_lab' has no attribute {name!r}")
@@ -74,7 +69,7 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(list(globals()) + __all__ + list(_SUBMODULES))
+    return sorted(set(globals()) | set(__all__))
 
 
 from .launcher import numerics as _numerics  # noqa: E402
@@ -82,6 +77,6 @@ from .launcher import numerics as _numerics  # noqa: E402
 #: What portable numerics could not pin any more in this process (torch ran before the import); see ``doctor``.
 NUMERICS_PROBLEMS = _numerics.apply_here()
 
-from . import _prewarm  # noqa: E402  (the rank server and the first run's imports, in the background)
+from .launcher import prewarm as _prewarm  # noqa: E402  (the rank server and the first run's imports, in the background)
 
 _prewarm.start()

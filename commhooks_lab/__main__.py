@@ -1,8 +1,12 @@
+"""``python -m commhooks_lab``: the main job and its subcommands (``commhooks_lab.cli``)."""
+
 import os
 import sys
 
 from commhooks_lab.cli import main
 from commhooks_lab.launcher.torchrun import under_torchrun
+
+__all__: list[str] = []
 
 if __name__ == "__main__":
     code = main()

@@ -13,6 +13,23 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+__all__ = [
+    "batched_fix_active",
+    "comm_hook_check_error",
+    "compiled_autograd",
+    "future_type",
+    "intercept_comm_hook_registration",
+    "optimize_ddp",
+    "orthogonalize_rejects_matrices",
+    "patch_batched_orthogonalize",
+    "power_sgd_defaults",
+    "registration_refusal",
+    "reset_accelerate_state",
+    "TOUCHES",
+    "UpstreamChanged",
+    "versions",
+]
+
 
 class UpstreamChanged(RuntimeError):
     """A private PyTorch/Accelerate detail the lab relies on is not what it was."""
@@ -30,7 +47,7 @@ def versions() -> str:
         return f"torch {torch.__version__} (accelerate not installed)"
 
 
-def upstream_changed(what: str, fix: str) -> UpstreamChanged:
+def _upstream_changed(what: str, fix: str) -> UpstreamChanged:
     return UpstreamChanged(f"{what} (with {versions()}); {fix}")
 
 
@@ -48,7 +65,7 @@ def power_sgd_defaults() -> dict[str, Any]:
     params = inspect.signature(PowerSGDState.__init__).parameters
     defaults = {name: p.default for name, p in params.items() if name not in ("self", "process_group")}
     if "start_powerSGD_iter" not in defaults or "matrix_approximation_rank" not in defaults:
-        raise upstream_changed(
+        raise _upstream_changed(
             f"PowerSGDState takes {sorted(defaults)}",
             "update commhooks_lab._compat.power_sgd_defaults and the PowerSGD checks",
         )
@@ -59,7 +76,7 @@ def _powersgd_module():
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
     if not hasattr(powerSGD_hook, "_orthogonalize"):
-        raise upstream_changed(
+        raise _upstream_changed(
             "powerSGD_hook._orthogonalize is gone", "check whether batched_powerSGD_hook still needs the lab's fix"
         )
     return powerSGD_hook
@@ -117,7 +134,7 @@ def registration_refusal(ddp_model, hook: Callable) -> str | None:
     """
     check = getattr(ddp_model, "_check_comm_hook", None)
     if check is None:
-        raise upstream_changed(
+        raise _upstream_changed(
             "DistributedDataParallel._check_comm_hook is gone", "update commhooks_lab._compat.registration_refusal"
         )
     try:
@@ -144,7 +161,7 @@ def comm_hook_check_error(hook: Callable) -> Exception | None:
 
     check = getattr(DDP, "_check_comm_hook", None)
     if check is None:
-        raise upstream_changed(
+        raise _upstream_changed(
             "DistributedDataParallel._check_comm_hook is gone", "update commhooks_lab._compat.comm_hook_check_error"
         )
     try:
@@ -161,7 +178,7 @@ def future_type() -> type:
 
     base = getattr(torch._C, "Future", None)
     if not isinstance(base, type) or not issubclass(torch.futures.Future, base):
-        raise upstream_changed(
+        raise _upstream_changed(
             "torch._C.Future is gone or no longer the base of torch.futures.Future",
             "update commhooks_lab._compat.future_type",
         )
@@ -202,7 +219,7 @@ def reset_accelerate_state() -> None:
 
     for cls in (AcceleratorState, GradientState):
         if not hasattr(cls, "_reset_state"):
-            raise upstream_changed(
+            raise _upstream_changed(
                 f"accelerate.state.{cls.__name__}._reset_state is gone",
                 "update commhooks_lab._compat.reset_accelerate_state",
             )
@@ -219,7 +236,9 @@ def optimize_ddp(value: str):
     import torch._dynamo.config as dynamo_config
 
     if not hasattr(dynamo_config, "optimize_ddp"):
-        raise upstream_changed("torch._dynamo.config.optimize_ddp is gone", "update commhooks_lab._compat.optimize_ddp")
+        raise _upstream_changed(
+            "torch._dynamo.config.optimize_ddp is gone", "update commhooks_lab._compat.optimize_ddp"
+        )
     saved = dynamo_config.optimize_ddp
     dynamo_config.optimize_ddp = value  # type: ignore[assignment]
     try:
@@ -233,7 +252,7 @@ def compiled_autograd(compiler_fn: Callable):
     from torch._dynamo import compiled_autograd as module
 
     if not hasattr(module, "_enable"):
-        raise upstream_changed(
+        raise _upstream_changed(
             "torch._dynamo.compiled_autograd._enable is gone", "update commhooks_lab._compat.compiled_autograd"
         )
     return module._enable(compiler_fn)

@@ -13,6 +13,8 @@ from pathlib import Path
 from .launcher.rank_server import DEFAULT_START_METHOD
 from .launcher.torchrun import launch_from_env, under_torchrun
 
+__all__ = ["build_parser", "comparison_configs", "main"]
+
 
 def _doctor(args: argparse.Namespace) -> int:
     from .doctor import main as doctor_main
@@ -40,9 +42,9 @@ def _selfcheck(args: argparse.Namespace) -> int:
 
 def comparison_configs(args: argparse.Namespace):
     """One config per hook spec; PowerSGD variants once per ``--matrix-rank`` unless the spec sets it."""
-    from . import registry
-    from .config import ExperimentConfig
+    from .engine.config import ExperimentConfig
     from .experiment import DEFAULT_COMPARISON, as_config
+    from .hooks import registry
 
     base = ExperimentConfig(
         model=args.model,
@@ -86,8 +88,8 @@ def _compare(args: argparse.Namespace) -> int:
         configs = [c.replace(world_size=int(os.environ["WORLD_SIZE"])) for c in configs]
     choices = [config.check(local=not torchrun) for config in configs]  # every typo, before any process starts
     if torchrun:
+        from .engine.job import run_experiments
         from .experiment import assemble_result
-        from .rank_job import run_experiments
         from .result import ResultSet
 
         per_rank = launch_from_env(run_experiments, configs, choices)  # one process group for every config
@@ -130,7 +132,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import registry
+    from .hooks import registry
 
     parser = argparse.ArgumentParser(prog="python -m commhooks_lab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
@@ -163,7 +165,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=[1, 4],
         help="PowerSGD's matrix_approximation_rank values (the r of P Q^T, not a process rank)",
     )
-    comp.add_argument("--rank", type=int, nargs="+", dest="deprecated_rank", help=argparse.SUPPRESS)
     comp.add_argument("--start-iter", type=int, default=2, help="PowerSGD start_powerSGD_iter, with --hooks")
     comp.add_argument("--model", default="mlp", help="mlp | cnn | lowrank | module:function")
     comp.add_argument("--world-size", type=int, default=2)
@@ -191,9 +192,6 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["compare", *argv]
     args = parser.parse_args(argv)
-    if getattr(args, "deprecated_rank", None):
-        print("warning: --rank is now --matrix-rank (rank means a process here)", file=sys.stderr)
-        args.matrix_rank = args.deprecated_rank
     try:
         return args.func(args)
     except (ValueError, TypeError) as exc:

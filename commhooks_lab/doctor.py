@@ -16,6 +16,18 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+__all__ = [
+    "all_checks",
+    "Check",
+    "check_nbval",
+    "check_numerics",
+    "check_python",
+    "check_rendezvous",
+    "check_start_method",
+    "check_widgets",
+    "main",
+]
+
 PASS, FAIL, INFO = "pass", "FAIL", "info"
 MIN_PYTHON = (3, 10)
 MIN_MEMORY_GIB = 4.0
@@ -228,8 +240,7 @@ def check_nbval() -> Check:
 
 def check_numerics() -> Check:
     """Does this machine compute the bits the committed notebook outputs were made with?"""
-    from . import fingerprint
-    from .launcher import numerics
+    from .launcher import fingerprint, numerics
 
     seen = fingerprint.in_child()
     problems = fingerprint.differences(seen)

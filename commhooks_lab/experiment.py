@@ -7,13 +7,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._compat import power_sgd_defaults
-from .config import ExperimentConfig
-from .fsdp2 import fsdp2_job
-from .hooks import HookChoice
+from .engine.config import ExperimentConfig
+from .engine.fsdp2 import fsdp2_job
+from .engine.job import run_experiment
+from .hooks.choice import HookChoice
 from .launcher import Cluster
 from .launcher.cluster import serialize_task
-from .rank_job import run_experiment
 from .result import Result, ResultSet, from_ranks
+
+__all__ = ["as_config", "assemble_result", "compare", "DEFAULT_COMPARISON", "run"]
 
 #: The main job's line-up: every built-in hook, PowerSGD made to compress within a short run.
 DEFAULT_COMPARISON: list[Any] = [
@@ -38,7 +40,7 @@ def as_config(item: Any, base: ExperimentConfig) -> ExperimentConfig:
     return base.replace(hook=item)
 
 
-def never_compressed_note(config: ExperimentConfig, choice: HookChoice, result: Result) -> str | None:
+def _never_compressed_note(config: ExperimentConfig, choice: HookChoice, result: Result) -> str | None:
     """PowerSGD that never compressed measures plain allreduce: say so, and why."""
     if not choice.is_power_sgd() or result.steps["compressing"].any():
         return None
@@ -112,7 +114,7 @@ class _Ranks:
         if self.cluster is not None:
             return self.cluster
         if not self.fresh:
-            from . import session
+            from .launcher import session
 
             return session.get_cluster(config.world_size, config.backend, config.timeout_s)
         key = (config.world_size, config.backend, config.timeout_s)
@@ -126,7 +128,7 @@ def assemble_result(config: ExperimentConfig, choice: HookChoice, ranks: list[di
     """The ranks' return values as one Result, with the notes only the whole run can tell."""
     result = from_ranks({**config.to_dict(), "name": config.label or choice.name}, ranks)
     result.env["start_method"] = start_method
-    note = never_compressed_note(config, choice, result)
+    note = _never_compressed_note(config, choice, result)
     if note:
         result.notes.append(note)
     return result
@@ -143,7 +145,7 @@ def run(
 ) -> Result:
     """Run one experiment: ``run(hook="fp16", steps=10)``.
 
-    It runs on the session's warm ranks (:mod:`commhooks_lab.session`), on ``cluster`` if you pass
+    It runs on the session's warm ranks (:mod:`commhooks_lab.launcher.session`), on ``cluster`` if you pass
     one, or on new ranks started for it and stopped after it with ``fresh=True``.
     """
     config = (config or ExperimentConfig()).replace(**changes)

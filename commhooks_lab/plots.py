@@ -14,6 +14,25 @@ from matplotlib.ticker import MaxNLocator, NullLocator
 
 from .result import Result
 
+__all__ = [
+    "bytes_by_model",
+    "bytes_by_world_size",
+    "convergence",
+    "convergence_seeds",
+    "cumulative_error",
+    "error_feedback",
+    "error_per_step",
+    "gradient_agreement",
+    "layer_heatmap",
+    "loss_curves",
+    "network_time",
+    "overview",
+    "precision_histogram",
+    "resumed",
+    "singular_values",
+    "tradeoff",
+]
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -224,18 +243,8 @@ def precision_histogram(results: Iterable[Result]) -> Figure:
     return fig
 
 
-def singular_values(
-    result: Result, matrix_ranks: Sequence[int] = (1, 2, 4), *, ranks: Sequence[int] | None = None
-) -> Figure:
-    """Singular values of one layer's exact gradient; a matrix-rank-r cut keeps the energy left of r.
-
-    ``ranks`` is the old name of ``matrix_ranks`` (rank means a process in this lab).
-    """
-    if ranks is not None:
-        import warnings
-
-        warnings.warn("singular_values(ranks=...) is now matrix_ranks=...", DeprecationWarning, stacklevel=2)
-        matrix_ranks = ranks
+def singular_values(result: Result, matrix_ranks: Sequence[int] = (1, 2, 4)) -> Figure:
+    """Singular values of one layer's exact gradient; a matrix-rank-r cut keeps the energy left of r."""
     sample = result.sample
     if not sample or len(sample["shape"]) < 2:
         raise ValueError("singular_values needs a Result whose sample is a matrix layer (probe on)")

@@ -14,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+__all__ = ["from_ranks", "load", "Result", "ResultSet", "VERSION"]
+
 FORMAT = "commhooks_lab.Result"
 #: How the summary columns are shown: enough digits to compare hooks, few enough to stay stable.
 SUMMARY_FORMATS = {

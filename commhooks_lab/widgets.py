@@ -1,6 +1,6 @@
 """HookLab: pick a hook and its options, click Run, watch a real DDP run measure it.
 
-The dashboard runs on the session's warm ranks (:mod:`commhooks_lab.session`, shared with
+The dashboard runs on the session's warm ranks (:mod:`commhooks_lab.launcher.session`, shared with
 ``lab.run``, started in the background when the dashboard is made), so a click costs its steps,
 not a start-up. Plots are PNG images and the runs table is HTML, so what the dashboard shows
 is plain widget state: a test can drive it in the kernel (``lab.run_button.click()``) and read
@@ -17,17 +17,19 @@ import time
 import ipywidgets as w
 import matplotlib.pyplot as plt
 
-from . import registry, session
-from .availability import available_hooks
-from .config import ExperimentConfig
+from .engine.config import ExperimentConfig
+from .engine.models import TASKS
 from .experiment import run
-from .launcher import Cluster
-from .models import TASKS
+from .hooks import registry
+from .launcher import Cluster, session
 from .plots import gradient_agreement, overview
 from .result import ResultSet
+from .studies.availability import available_hooks
+
+__all__ = ["HookLab"]
 
 
-def figure_png(fig, dpi: int = 80) -> bytes:
+def _figure_png(fig, dpi: int = 80) -> bytes:
     """Render and close a figure: the dashboard shows bytes, never leaves figures open."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=dpi)
@@ -48,7 +50,7 @@ DASHBOARD_HIDDEN = {
 }
 
 
-def option_widget(name: str, default, style: dict) -> w.Widget:
+def _option_widget(name: str, default, style: dict) -> w.Widget:
     """A control for one state option, by the type of its default."""
     if isinstance(default, bool):
         return w.Checkbox(value=default, description=name)
@@ -152,7 +154,7 @@ class HookLab:
         defaults = {**entry.defaults(), **DASHBOARD_DEFAULTS}
         for name in self._shown_options():
             if name not in self.options:
-                self.options[name] = option_widget(name, defaults[name], self._style)
+                self.options[name] = _option_widget(name, defaults[name], self._style)
         self.options_box.children = [self.options[name] for name in self._shown_options()]
         takes_wrapper = entry.kind == registry.HOOK and entry.name != "no"
         self.wrapper.disabled = not takes_wrapper
@@ -215,8 +217,8 @@ class HookLab:
 
     def _render(self) -> None:
         recent = self.results[-self.max_plotted_runs :]
-        self.plot.value = figure_png(overview(recent))  # figure_png closes each figure it renders
-        self.agreement.value = figure_png(gradient_agreement(self.results[-1]))
+        self.plot.value = _figure_png(overview(recent))  # _figure_png closes each figure it renders
+        self.agreement.value = _figure_png(gradient_agreement(self.results[-1]))
         table = self.results.table().drop(columns=["notes"])
         table.index = [f"{i + 1}. {name}" for i, name in enumerate(table.index)]
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in dict.fromkeys(self.results[-1].notes))

@@ -218,7 +218,7 @@ def through_the_process_group(state, bucket):
 
 def compressor_hook_on_meta_default(state, bucket):
     """The lab's compressor hook with a meta default device: any tensor it made without device= would be meta."""
-    from commhooks_lab.compressors import compressor_hook
+    from commhooks_lab.hooks.compressors import compressor_hook
 
     with torch.device("meta"):
         return compressor_hook(state, bucket)

@@ -89,8 +89,8 @@ def plain_ddp_digest(ctx, hook_name, state_options, steps):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from commhooks_lab._compat import patch_batched_orthogonalize
-    from commhooks_lab.data import rank_batches
-    from commhooks_lab.models import build_task
+    from commhooks_lab.engine.data import rank_batches
+    from commhooks_lab.engine.models import build_task
 
     task = build_task("mlp", 0)
     model = DDP(task.model, bucket_cap_mb=25.0)

@@ -4,7 +4,8 @@ import time
 import psutil
 import pytest
 
-from commhooks_lab import Cluster, session
+from commhooks_lab import Cluster
+from commhooks_lab.launcher import session
 
 # multiprocessing's own singletons (the lab's rank servers are forkservers): one per parent, they
 # leave when the parent does.
@@ -86,6 +87,6 @@ def no_leftover_processes():
 
 def pytest_sessionfinish(session, exitstatus):
     """No pytest run leaves ranks behind, whatever its tests did."""
-    from commhooks_lab import session as lab_session
+    from commhooks_lab.launcher import session as lab_session
 
     lab_session.close()

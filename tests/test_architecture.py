@@ -1,5 +1,5 @@
-"""The shape of the package: one registry that everything reads, no import cycles, a launcher
-that never imports the engine, and old names that still work with a warning."""
+"""The shape of the package: one registry that everything reads, no import cycles, and layers that only ever
+import downwards (launcher < hooks < measure < engine < the notebook API < studies < plots, widgets, CLI)."""
 
 import ast
 import sys
@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 import commhooks_lab as lab
-from commhooks_lab import cli, registry
-from commhooks_lab.compressors import Compressor
+from commhooks_lab import cli
+from commhooks_lab.hooks import registry
+from commhooks_lab.hooks.compressors import Compressor
 
 PACKAGE = Path(lab.__file__).parent
 
@@ -108,19 +109,14 @@ def test_the_cli_offers_compressors_wrappers_and_the_accelerate_path():
         registry.parse_hook_spec("topk[ratio]")
 
 
-def test_the_old_matrix_rank_flag_still_works_with_a_warning(capsys):
-    args = cli.build_parser().parse_args(["compare", "--hooks", "power_sgd", "--rank", "2"])
-    assert args.deprecated_rank == [2]
-    with pytest.raises(SystemExit):  # run main far enough to see the warning, then stop at a bad option
-        cli.main(["--hooks", "power_sgd", "nope", "--rank", "2", "--out", ""])
-    assert "--rank is now --matrix-rank" in capsys.readouterr().err
-
-
-def test_probe_is_now_measure_with_a_deprecation_warning():
-    with pytest.warns(DeprecationWarning, match="now measure="):
-        config = lab.ExperimentConfig(probe=False)
-    assert config.measure is False and config.probe is None
-    assert "probe" not in config.to_dict() and config.to_dict()["measure"] is False
+def test_no_deprecated_names_remain():
+    """A 0.1 release carries no shims: the old spellings are errors, not warnings."""
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["compare", "--hooks", "power_sgd", "--rank", "2"])
+    with pytest.raises(TypeError):
+        lab.ExperimentConfig(probe=False)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        lab.plots.singular_values(None, ranks=(1,))  # type: ignore[call-arg, arg-type]
 
 
 def test_an_identity_compressor_as_a_hook_is_exact():
@@ -185,8 +181,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
     # the top-level __init__ resolves names lazily (importlib), so it has no static edges to follow
-    assert "commhooks_lab.registry" in graph["commhooks_lab.hooks"]  # the walker sees real edges
-    assert "commhooks_lab.ddp_setup" in graph["commhooks_lab.accelerate_path"]
+    assert "commhooks_lab.hooks.registry" in graph["commhooks_lab.hooks.choice"]  # the walker sees real edges
+    assert "commhooks_lab.engine.ddp_setup" in graph["commhooks_lab.engine.accelerate"]
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
 
 
@@ -194,12 +190,56 @@ def test_the_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
-def test_the_launcher_never_imports_the_engine():
+#: Each layer, and what it may import besides itself (the README's "Where things live" draws the same).
+LAYERS = {
+    "launcher": set(),
+    "_compat": set(),
+    "_util": set(),
+    "hooks": {"_compat", "_util"},
+    "measure": {"hooks", "_compat", "_util"},
+    "engine": {"launcher", "hooks", "measure", "_compat", "_util"},
+    "result": set(),
+    "experiment": {"launcher", "hooks", "measure", "engine", "result", "_compat", "_util"},
+    "studies": {"launcher", "hooks", "measure", "engine", "experiment", "result", "_compat", "_util"},
+}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "commhooks_lab"
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted(
+        (m, t)
+        for m, targets in graph.items()
+        if _layer(m) in LAYERS
+        for t in targets
+        if _layer(t) != _layer(m) and _layer(t) not in LAYERS[_layer(m)]
+    )
+
+
+def test_every_layer_imports_only_the_layers_below_it():
     graph = import_graph()
-    launcher = {m for m in graph if m.startswith("commhooks_lab.launcher")}
-    assert len(launcher) >= 7
-    outside = {(m, t) for m in launcher for t in graph[m] if not t.startswith("commhooks_lab.launcher")}
-    assert not outside, f"launcher modules import the engine: {sorted(outside)}"
+    layers = {_layer(m) for m in graph}
+    assert set(LAYERS) <= layers, f"layers without modules: {set(LAYERS) - layers}"
+    assert layer_violations(graph) == []
+
+
+def test_the_layer_rule_has_teeth():
+    graph = import_graph()
+    graph["commhooks_lab.hooks.registry"] = graph["commhooks_lab.hooks.registry"] | {"commhooks_lab.engine.job"}
+    graph["commhooks_lab.engine.job"] = graph["commhooks_lab.engine.job"] | {"commhooks_lab.studies.compile_matrix"}
+    assert layer_violations(graph) == [
+        ("commhooks_lab.engine.job", "commhooks_lab.studies.compile_matrix"),
+        ("commhooks_lab.hooks.registry", "commhooks_lab.engine.job"),
+    ]
+
+
+def test_at_most_a_dozen_modules_at_the_top_level():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 12, top
+    assert all((p / "__init__.py").exists() for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__")
 
 
 def test_importing_the_launcher_loads_no_engine_module():
@@ -212,8 +252,7 @@ def test_importing_the_launcher_loads_no_engine_module():
     env = {**os.environ, "COMMHOOKS_LAB_PREWARM": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     loaded = ast.literal_eval(out)
-    package = ("commhooks_lab", "commhooks_lab._prewarm")
-    assert all(m in package or m.startswith("commhooks_lab.launcher") for m in loaded), loaded
+    assert all(m == "commhooks_lab" or m.startswith("commhooks_lab.launcher") for m in loaded), loaded
 
 
 def test_one_version_source():

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import commhooks_lab as lab
-from commhooks_lab import ExperimentConfig, WorkerError, checkpoint
-from commhooks_lab.compressors import CompressorState, TopK
+from commhooks_lab import ExperimentConfig, WorkerError
+from commhooks_lab.engine import checkpoint
+from commhooks_lab.hooks.compressors import CompressorState, TopK
 
 # -- the format -----------------------------------------------------------------------------------
 
@@ -198,7 +199,7 @@ def fp16_feedback_hook(state, bucket):
     """fp16 on the wire, with what the cast lost added to the next step's bucket."""
     import torch.distributed as dist
 
-    from commhooks_lab.contract import completed_future
+    from commhooks_lab.hooks.contract import completed_future
 
     buffer = bucket.buffer()
     corrected = buffer + state.residual.get(bucket.index(), 0)

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import commhooks_lab as lab
-from commhooks_lab import netmodel, plots, studies
-from commhooks_lab.compressors import (
+from commhooks_lab import plots
+from commhooks_lab.engine.models import build_task
+from commhooks_lab.hooks.compressors import (
     QSGD,
     ErrorFeedback,
     Int8PerChannel,
@@ -22,7 +23,8 @@ from commhooks_lab.compressors import (
     pack_signs,
     unpack_signs,
 )
-from commhooks_lab.models import build_task
+from commhooks_lab.studies import convergence as studies
+from commhooks_lab.studies import network as netmodel
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
@@ -193,7 +195,7 @@ def test_the_compressor_hook_makes_every_tensor_on_the_gradients_device(zoo_clus
 
 def test_a_reused_error_feedback_object_starts_each_run_from_zero(zoo_cluster):
     """Two runs in one rank process with one compressor object (as under torchrun): the second starts from zero."""
-    from commhooks_lab.rank_job import run_experiments
+    from commhooks_lab.engine.job import run_experiments
 
     config = lab.ExperimentConfig(hook=ErrorFeedback(TopK(0.01)), steps=3)
     choice = config.check()

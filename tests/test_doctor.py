@@ -65,7 +65,7 @@ def test_missing_nbval_and_a_crashing_check_are_failures_not_crashes(monkeypatch
 
 
 def test_a_machine_with_other_bits_is_told_what_that_means(monkeypatch):
-    from commhooks_lab import fingerprint
+    from commhooks_lab.launcher import fingerprint
 
     seen = {**fingerprint.reference(), "aten_kernels": "AVX2"}
     seen["parts"] = {**seen["parts"], "conv": "0" * 16}

@@ -18,8 +18,7 @@ import pytest
 from test_session import assert_same_run
 
 import commhooks_lab as lab
-from commhooks_lab import fingerprint
-from commhooks_lab.launcher import numerics
+from commhooks_lab.launcher import fingerprint, numerics
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 

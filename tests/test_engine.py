@@ -9,9 +9,9 @@ import pytest
 
 import commhooks_lab as lab
 from commhooks_lab import ExperimentConfig
-from commhooks_lab.compressors import TopK
+from commhooks_lab.engine.models import LOWRANK_TRUE_RANK, build_task
+from commhooks_lab.hooks.compressors import TopK
 from commhooks_lab.launcher.rank_server import DEFAULT_START_METHOD
-from commhooks_lab.models import LOWRANK_TRUE_RANK, build_task
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 

@@ -6,7 +6,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from commhooks_lab import exercises
-from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG, anatomy
+from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
+from commhooks_lab.exercises import anatomy_of_a_hook as anatomy
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 

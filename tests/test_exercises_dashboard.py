@@ -5,10 +5,10 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from commhooks_lab import netmodel
+from commhooks_lab.engine.models import build_task
 from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
 from commhooks_lab.exercises import dashboard as ex
-from commhooks_lab.models import build_task
+from commhooks_lab.studies import network as netmodel
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 

@@ -2,8 +2,10 @@
 
 import pytest
 
-from commhooks_lab import exercises, netmodel
-from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG, payoff
+from commhooks_lab import exercises
+from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
+from commhooks_lab.exercises import when_compression_pays_off as payoff
+from commhooks_lab.studies import network as netmodel
 
 
 def stub(allreduce_bytes, allgather_bytes, world_size):

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from commhooks_lab import exercises
-from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG, precision
+from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
+from commhooks_lab.exercises import fp16_vs_bf16 as precision
 
 ENTRIES = [1e5, 2.0, 1e-3, 3e-5, 2e-7, 1e-8]
 

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 import torch.distributed as dist
 
-from commhooks_lab.contract import completed_future
 from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
-from commhooks_lab.exercises import real_world as exercise
+from commhooks_lab.exercises import hooks_in_the_real_world as exercise
+from commhooks_lab.hooks.contract import completed_future
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 

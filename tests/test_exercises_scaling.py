@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 
 import commhooks_lab as lab
-from commhooks_lab import scaling
 from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
-from commhooks_lab.exercises import scaling as ex
+from commhooks_lab.exercises import precision_at_scale as ex
+from commhooks_lab.studies import precision as scaling
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -58,7 +58,7 @@ def test_wire16_hook_check_on_its_three_paths(cluster):
     assert wrong.status == WRONG and "one all-to-all of the whole bucket" in wrong.message
     wrong = ex.check_wire16_hook(sums_in_bf16, cluster=cluster)
     assert wrong.status == WRONG and "add the received pieces in float32" in wrong.message
-    from commhooks_lab.low_precision_hooks import wire16_sum32_hook
+    from commhooks_lab.hooks.low_precision import wire16_sum32_hook
 
     assert ex.check_wire16_hook(wire16_sum32_hook, cluster=cluster).status == RIGHT
 

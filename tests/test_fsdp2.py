@@ -43,8 +43,8 @@ def test_fsdp2_moves_other_bytes_than_ddp_and_says_why(side_by_side):
 
 
 def test_the_config_offers_exactly_the_reduce_dtypes_the_worker_knows():
-    from commhooks_lab.config import FSDP2_HOOKS
-    from commhooks_lab.fsdp2 import REDUCE_DTYPES
+    from commhooks_lab.engine.config import FSDP2_HOOKS
+    from commhooks_lab.engine.fsdp2 import REDUCE_DTYPES
 
     assert set(FSDP2_HOOKS) == set(REDUCE_DTYPES)
 

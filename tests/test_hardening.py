@@ -14,7 +14,8 @@ import _launcher_workers
 import pytest
 
 import commhooks_lab as lab
-from commhooks_lab import Cluster, WorkerError, WorkerTimeoutError, session
+from commhooks_lab import Cluster, WorkerError, WorkerTimeoutError
+from commhooks_lab.launcher import session
 from commhooks_lab.launcher.cluster import WATCHDOG_MARGIN_S
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")

@@ -95,16 +95,25 @@ def test_exercises_start_unsolved_and_no_solution_is_printed(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebooks_use_only_the_public_api(path):
+    """``lab.<name>`` from the package's ``__all__``; ``from commhooks_lab.<module> import <names>`` only from
+    modules without an underscore in their path and only names in that module's ``__all__``."""
+    import importlib.util
     import re
 
     import commhooks_lab
 
-    public = set(commhooks_lab._SUBMODULES) | set(commhooks_lab.__all__)
     code = "\n".join(source(c) for c in cells(path, "code"))
-    used = set(re.findall(r"commhooks_lab\.(\w+)", code)) | {
-        name for names in re.findall(r"from commhooks_lab import ([\w, ]+)", code) for name in names.split(", ")
-    }
-    assert used <= public, f"not public: {sorted(used - public)}"
+    attributes = set(re.findall(r"\blab\.(\w+)", code))
+    assert attributes <= set(commhooks_lab.__all__), f"not public: {sorted(attributes - set(commhooks_lab.__all__))}"
+    for module, names in re.findall(r"from (commhooks_lab[\w.]*) import ([\w, ]+)", code):
+        assert not any(part.startswith("_") for part in module.split(".")), module
+        exported = set(getattr(importlib.import_module(module), "__all__", ()))
+        if module == "commhooks_lab":
+            exported = set(commhooks_lab.__all__)
+        imported = {name.split(" as ")[0].strip() for name in names.split(",")}
+        package = hasattr(importlib.import_module(module), "__path__")
+        submodules = {n for n in imported if package and importlib.util.find_spec(f"{module}.{n}") is not None}
+        assert imported <= exported | submodules, f"{module} does not export {sorted(imported - exported)}"
 
 
 @pytest.mark.parametrize("path", [*NOTEBOOKS, ROOT / "notebooks" / "template_your_lab.ipynb"], ids=lambda p: p.name)

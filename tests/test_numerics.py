@@ -7,8 +7,7 @@ import sys
 import pytest
 
 import commhooks_lab as lab
-from commhooks_lab import fingerprint
-from commhooks_lab.launcher import numerics
+from commhooks_lab.launcher import fingerprint, numerics
 from commhooks_lab.launcher.environment import child_environment
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")

@@ -7,7 +7,7 @@ import _collective_hooks as hooks
 import pytest
 
 import commhooks_lab as lab
-from commhooks_lab import payload
+from commhooks_lab.measure import payload
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="wire_bytes reads /proc/self/io")
@@ -15,7 +15,7 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="wi
 B = hooks.N * 4  # bytes of one tensor the hooks hand in
 
 #: hook -> (payload_bytes, ring_bytes, collective_calls) on rank 0 of two, per step, from the rules in
-#: commhooks_lab.payload: inputs count, outputs never; ring = what a bandwidth-optimal algorithm sends.
+#: commhooks_lab.measure.payload: inputs count, outputs never; ring = what a bandwidth-optimal algorithm sends.
 EXPECTED = {
     "all_reduce_positional": (B, B, 1),  # 2(W-1)/W = 1
     "all_reduce_keyword": (B, B, 1),

@@ -114,9 +114,7 @@ def test_precision_histogram_marks_both_unit_roundoffs(results):
 def test_singular_values_draw_the_spectrum_and_the_rank_cuts(results):
     result = results.by_name("fp16")
     ax = plots.singular_values(result, matrix_ranks=(1, 4)).axes[0]
-    with pytest.warns(DeprecationWarning, match="matrix_ranks"):
-        old = plots.singular_values(result, ranks=(1, 4)).axes[0]
-    assert [c.get_xdata()[0] for c in old.get_lines()[1:]] == [1, 4]
+    assert [c.get_xdata()[0] for c in ax.get_lines()[1:]] == [1, 4]
     spectrum, *cuts = ax.get_lines()
     rank = np.linalg.matrix_rank(np.asarray(result.sample["exact"]).reshape(128, 64))
     assert len(spectrum.get_xdata()) == rank <= 64  # always-blank pixels give zero columns

@@ -6,8 +6,8 @@ import gc
 import pytest
 import torch
 
-from commhooks_lab import scratch
-from commhooks_lab.probe import Probe
+from commhooks_lab.measure import scratch
+from commhooks_lab.measure.probe import Probe
 
 
 class Bucket:

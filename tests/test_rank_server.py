@@ -49,7 +49,7 @@ def test_ranks_are_forked_by_a_server_that_has_no_threads():
 
 
 def test_the_ranks_see_the_notebooks_environment_when_they_start(monkeypatch):
-    rank_server.prewarm()  # the server's environment is fixed from here on
+    rank_server.default_server()  # the server's environment is fixed from here on
     monkeypatch.setenv("LAB_SET_AFTER_IMPORT", "seen")
     monkeypatch.setenv("OMP_NUM_THREADS", "4")  # the lab's one thread per rank wins, as under spawn
     monkeypatch.delenv("HOME", raising=False)
@@ -65,7 +65,7 @@ def test_the_ranks_see_the_notebooks_environment_when_they_start(monkeypatch):
 
 
 def test_other_import_time_variables_get_a_server_of_their_own():
-    default = rank_server.prewarm()
+    default = rank_server.default_server()
     with Cluster(world_size=2, env={"OMP_NUM_THREADS": "2"}) as cluster:
         rows = cluster.run(what_a_rank_sees)
         own = cluster._server
@@ -89,7 +89,7 @@ def test_a_server_that_cannot_start_says_so(tmp_path):
 
 
 def test_a_dead_server_is_replaced():
-    server = rank_server.prewarm()
+    server = rank_server.default_server()
     lab.launch(what_a_rank_sees)  # it has preloaded torch
     dead = server.pid
     os.kill(dead, signal.SIGKILL)
@@ -98,14 +98,14 @@ def test_a_dead_server_is_replaced():
     assert {row["ppid"] for row in rows} == {server.pid} and server.pid != dead and server.running()
 
 
-def _fresh_interpreter(code: str, **env) -> str:
+def _fresh_interpreter(code: str, environ: dict[str, str] | None = None, **env) -> str:
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
-        env={**os.environ, **env},
+        env={**(os.environ if environ is None else environ), **env},
     )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
@@ -126,22 +126,68 @@ PREWARMED = """
 """
 
 
+#: How a notebook kernel looks to the package: an IPython shell exists before the import.
+AS_A_KERNEL = "from IPython.core.interactiveshell import InteractiveShell; InteractiveShell.instance()\n"
+
+
 @pytest.mark.parametrize(
-    "env, why",
+    "env, kernel, why",
     [
-        ({}, None),
-        ({PREWARM_VARIABLE: "0"}, f"{PREWARM_VARIABLE}='0'"),
-        ({"RANK": "0", "LOCAL_RANK": "0"}, "under torchrun"),
+        ({PREWARM_VARIABLE: "1"}, False, None),
+        ({}, True, None),
+        ({}, False, "not an interactive kernel"),
+        ({PREWARM_VARIABLE: "0"}, True, f"{PREWARM_VARIABLE}='0'"),
+        ({PREWARM_VARIABLE: "1", "RANK": "0", "LOCAL_RANK": "0"}, True, "under torchrun"),
     ],
 )
-def test_importing_the_package_starts_a_server_only_in_a_main_interpreter(env, why):
-    out = json.loads(_fresh_interpreter(PREWARMED, **{PREWARM_VARIABLE: "1", **env}))
+def test_importing_the_package_starts_a_server_only_in_an_interactive_main_interpreter(env, kernel, why):
+    inherited = {k: v for k, v in os.environ.items() if k != PREWARM_VARIABLE}
+    code = (AS_A_KERNEL if kernel else "") + textwrap.dedent(PREWARMED)
+    out = json.loads(_fresh_interpreter(code, environ=inherited, **env))
     if why is None:
         assert out["why"] is None and len(out["pids"]) == 1
         assert out["imported"]  # the kernel's share of a run, imported in the background
         assert wait_gone(out["pids"], timeout_s=10) == set()  # it leaves with the interpreter that started it
     else:
         assert out["why"].startswith(why) and out["pids"] == [] and not out["imported"]
+
+
+NO_CHILDREN_AFTER = """
+    import contextlib, io, json, os, runpy, sys
+    sys.argv = ["commhooks_lab", *json.loads(sys.argv[1])]
+    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):
+        runpy.run_module("commhooks_lab", run_name="__main__")
+    children = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            stat = open(f"/proc/{pid}/stat").read()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+                children.append(stat.split(")")[0])
+    print(json.dumps(children))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv, env, starts",
+    [
+        (["--help"], {}, False),
+        (["compare", "--help"], {}, False),
+        (["selfcheck", "--help"], {}, False),
+        (["--help"], {PREWARM_VARIABLE: "1"}, True),  # the control: the check sees a prewarmed rank server
+    ],
+)
+def test_the_command_line_help_starts_no_process(argv, env, starts):
+    inherited = {k: v for k, v in os.environ.items() if k != PREWARM_VARIABLE}
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(NO_CHILDREN_AFTER), json.dumps(argv)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**inherited, **env},
+    )
+    assert out.returncode == 0, out.stderr
+    assert bool(json.loads(out.stdout)) is starts, out.stdout
 
 
 def test_a_spawned_rank_does_not_start_a_server():

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import commhooks_lab as lab
-from commhooks_lab import scaling
-from commhooks_lab.low_precision_hooks import Wire16State, ring_hook, wire16_sum32_hook
+from commhooks_lab.hooks.low_precision import Wire16State, ring_hook, wire16_sum32_hook
+from commhooks_lab.studies import precision as scaling
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 

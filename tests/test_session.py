@@ -13,7 +13,8 @@ import pytest
 from conftest import wait_gone
 
 import commhooks_lab as lab
-from commhooks_lab import WorkerError, session
+from commhooks_lab import WorkerError
+from commhooks_lab.launcher import session
 from commhooks_lab.launcher.rank_server import DEFAULT_START_METHOD
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")

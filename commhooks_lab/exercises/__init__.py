@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["check_function", "check_prediction", "is_stub", "Outcome", "reference", "reveal", "run_beside_reference"]
+
 NOT_ATTEMPTED, WRONG, RIGHT = "not attempted", "wrong", "right"
 
 
@@ -83,7 +85,7 @@ def _say(outcome: Outcome) -> Outcome:
     return outcome
 
 
-def not_attempted(name: str, what: str = "the reference solution") -> Outcome:
+def _not_attempted(name: str, what: str = "the reference solution") -> Outcome:
     return Outcome(
         NOT_ATTEMPTED,
         f"· {name}: not attempted yet. The rest of the notebook uses {what}; write yours in the cell above and "
@@ -99,13 +101,13 @@ def check_function(name: str, attempt: Any, verify: Callable[[Callable], str | N
     """
     ref = _REFERENCES[name]
     if is_stub(attempt):
-        outcome = not_attempted(name)
+        outcome = _not_attempted(name)
         outcome.value = ref
         return _say(outcome)
     try:
         problem = verify(attempt)
     except NotImplementedError:
-        outcome = not_attempted(name)
+        outcome = _not_attempted(name)
         outcome.value = ref
         return _say(outcome)
     except Exception as exc:  # the learner's code raised: say what, where to look

@@ -12,6 +12,13 @@ from typing import Any
 
 from . import Outcome, check_function, check_prediction, reference
 
+__all__ = [
+    "check_fp16_wrapper_prediction",
+    "check_source_document_kwargs",
+    "fp16_wrapper_effect",
+    "source_document_kwargs",
+]
+
 #: The exercise: the source document's configuration, compressing from this step on (steps count from 0).
 MATRIX_RANK = 2
 FIRST_COMPRESSED_STEP = 3

@@ -10,6 +10,8 @@ from typing import Any
 
 from . import NOT_ATTEMPTED, RIGHT, WRONG, Outcome, _say, check_prediction, reference
 
+__all__ = ["check_ef_switch_prediction", "check_half_bytes_rank", "half_bytes_rank", "uncompressed_from"]
+
 #: fp16's share of fp32's bytes: the line PowerSGD has to stay under to save more than fp16 does.
 FP16_SHARE = 0.5
 MIN_COMPRESSION_RATE = 2.0  # PowerSGDState's default, which the dashboard shows
@@ -38,7 +40,7 @@ def check_ef_switch_prediction(prediction: Any, both_on, without_ef) -> Outcome:
 
 
 def _shares(shapes: Sequence[tuple[int, ...]], matrix_rank: int, min_compression_rate: float) -> float:
-    from ..netmodel import payload, rule_traffic
+    from ..studies.network import payload, rule_traffic
 
     fp32 = payload(rule_traffic(shapes, "allreduce"))
     traffic = rule_traffic(
@@ -87,8 +89,8 @@ def _measured_share(matrix_rank: int, cluster, model: str) -> float:
 
 def check_half_bytes_rank(answer: Any, cluster=None, model: str = "mlp") -> Outcome:
     """Your matrix rank r: PowerSGD must send at least half of fp32's bytes at r, and less at r - 1 (measured)."""
-    from ..models import build_task
-    from ..netmodel import parameter_shapes
+    from ..engine.models import build_task
+    from ..studies.network import parameter_shapes
 
     name = "half_bytes_rank"
     shapes = parameter_shapes(build_task(model, 0).model)

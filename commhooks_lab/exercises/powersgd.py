@@ -15,6 +15,8 @@ import torch
 
 from . import Outcome, check_function, check_prediction, reference
 
+__all__ = ["best_rank_r_error", "check_best_rank_r_error", "check_smallest_matrix_rank", "smallest_exact_matrix_rank"]
+
 #: The error below which PowerSGD counts as having reproduced the gradient exactly (float32 rounding is ~1e-7).
 EXACT_BELOW = 1e-4
 

@@ -15,6 +15,8 @@ import torch
 
 from . import Outcome, check_function, check_prediction, reference
 
+__all__ = ["check_bf16_over_fp16", "check_powersgd_above_one", "check_rel_error", "rel_error"]
+
 # -- predictions ------------------------------------------------------------------------------------
 
 

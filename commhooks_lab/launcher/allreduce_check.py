@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["allreduce_rank_plus_one", "selfcheck", "summarize"]
+
 
 def allreduce_rank_plus_one(ctx) -> dict:
     """Worker: all-reduce ``rank + 1``; every rank should hold W(W+1)/2 afterwards."""

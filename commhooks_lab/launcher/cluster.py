@@ -32,6 +32,8 @@ from .rank_logs import RankLog, stderr_into
 from .step_watch import StepWatch
 from .store import PrivateRendezvous
 
+__all__ = ["Cluster", "EventCallback", "log", "serialize_task", "STALL_REPORT_S", "WATCHDOG_MARGIN_S"]
+
 log = logging.getLogger("commhooks_lab")
 
 EventCallback = Callable[[int, dict], None]

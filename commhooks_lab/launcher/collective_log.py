@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import threading
 
+__all__ = ["CollectiveLog", "left_out"]
+
 #: The collectives a hook or a training loop calls from Python. Not isend/irecv: ``P2POp`` checks them by identity.
 NAMES = (
     "all_reduce",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["backend_and_device"]
+
 
 def backend_and_device(backend: str | None, local_rank: int) -> tuple[str, Any]:
     """``(backend, torch.device)`` for this rank: nccl on ``cuda:local_rank`` (made current), gloo on CPU.

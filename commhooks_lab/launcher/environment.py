@@ -13,6 +13,8 @@ import threading
 from .numerics import ONE_THREAD
 from .numerics import variables as numerics_variables
 
+__all__ = ["child_environment", "import_time_part", "patched_environ", "PREWARM_VARIABLE"]
+
 #: Set in every rank, rank server and helper child the lab starts: they never start a rank server themselves.
 PREWARM_VARIABLE = "COMMHOOKS_LAB_PREWARM"
 

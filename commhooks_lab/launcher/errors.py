@@ -6,6 +6,8 @@ import sys
 import traceback
 from dataclasses import dataclass
 
+__all__ = ["explain_death", "RankFailure", "WorkerError", "WorkerTimeoutError"]
+
 
 @dataclass
 class RankFailure:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 import sys
 
+__all__ = ["apply_here", "describe", "mode", "MODE_VARIABLE", "MODES", "ONE_THREAD", "PORTABLE_VARIABLES", "variables"]
+
 MODE_VARIABLE = "COMMHOOKS_LAB_NUMERICS"
 PORTABLE, NATIVE = "portable", "native"
 MODES = (PORTABLE, NATIVE)

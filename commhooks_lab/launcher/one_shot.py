@@ -9,6 +9,8 @@ from .cluster import Cluster, EventCallback, serialize_task
 from .options import DEFAULT_TIMEOUT_S, check_launch_options
 from .rank_server import DEFAULT_START_METHOD
 
+__all__ = ["launch"]
+
 
 def launch(
     fn: Callable,

@@ -7,6 +7,8 @@ most likely the one killed. Elsewhere (macOS) there is no count and the lab says
 
 from __future__ import annotations
 
+__all__ = ["killed_for_memory", "oom_kills"]
+
 VMSTAT = "/proc/vmstat"
 
 

@@ -12,6 +12,14 @@ import multiprocessing
 import numbers
 import os
 
+__all__ = [
+    "check_common_options",
+    "check_environment",
+    "check_launch_options",
+    "DEFAULT_TIMEOUT_S",
+    "max_local_world_size",
+]
+
 BACKENDS = ("gloo", "nccl")
 #: Lessons wait this long for a silent rank: long enough for a step, short enough to stay in the lesson.
 DEFAULT_TIMEOUT_S = 30.0

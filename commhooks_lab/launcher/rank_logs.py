@@ -16,6 +16,8 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
+__all__ = ["RankLog", "redirect_own_stderr", "stderr_into"]
+
 #: How much of a rank's stderr an error shows.
 TAIL_LINES = 20
 _TAIL_BYTES = 64 * 1024

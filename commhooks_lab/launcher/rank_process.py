@@ -21,6 +21,8 @@ from typing import Any
 
 from .collective_log import CollectiveLog
 
+__all__ = ["init_process_group", "worker_main", "WorkerContext"]
+
 # Message kinds, child -> parent.
 READY, EVENT, HEARTBEAT, RESULT, ERROR = "ready", "event", "heartbeat", "result", "error"
 # Message kinds, parent -> child.
@@ -59,7 +61,7 @@ class WorkerContext:
             self._beat(int(step))
 
 
-def error_payload(exc: BaseException, log: CollectiveLog | None = None) -> dict:
+def _error_payload(exc: BaseException, log: CollectiveLog | None = None) -> dict:
     """Describe an exception as plain data: the exception object itself may not unpickle."""
     return {
         "type": type(exc).__name__,
@@ -89,7 +91,7 @@ class Channel:
             data = cloudpickle.dumps((kind, self.rank, payload))
         except Exception as exc:  # an unpicklable result must not kill the rank silently
             wrapped = TypeError(f"rank {self.rank} produced a {kind} that cannot be pickled: {exc}")
-            data = pickle.dumps((ERROR, self.rank, error_payload(wrapped)))
+            data = pickle.dumps((ERROR, self.rank, _error_payload(wrapped)))
         self._send_bytes(data)
 
     def heartbeat(self, step: int) -> None:
@@ -209,7 +211,7 @@ def worker_main(
         )
         channel.send(READY, None)
     except BaseException as exc:
-        channel.send(ERROR, error_payload(exc))
+        channel.send(ERROR, _error_payload(exc))
         return
     while True:
         try:
@@ -222,7 +224,7 @@ def worker_main(
             fn, args = cloudpickle.loads(payload)
             value = fn(ctx, *args)
         except BaseException as exc:
-            channel.send(ERROR, error_payload(exc, channel.collectives))
+            channel.send(ERROR, _error_payload(exc, channel.collectives))
         else:
             channel.send(RESULT, value)
     dist.destroy_process_group()

@@ -32,6 +32,20 @@ from typing import Any
 from .environment import PREWARM_VARIABLE, child_environment, import_time_part, patched_environ
 from .rank_logs import RankLog, stderr_into
 
+__all__ = [
+    "default_server",
+    "DEFAULT_START_METHOD",
+    "preload",
+    "prewarm",
+    "RankProcess",
+    "RankServer",
+    "RankServerError",
+    "server_for",
+    "start",
+    "stop_all",
+    "why_not_prewarm",
+]
+
 #: What the server imports once, before it forks any rank (a module that fails to import is skipped).
 #: ``torch._dynamo``: DistributedDataParallel imports it when it wraps a model (most of a second).
 PRELOAD = (
@@ -145,9 +159,20 @@ def stop_all() -> None:
         server.stop()
 
 
+def _interactive() -> bool:
+    """A Jupyter kernel, an IPython shell or Python's own prompt: someone will run a cell next."""
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)
+    return shell() is not None or hasattr(sys, "ps1") or bool(sys.flags.interactive)
+
+
 def why_not_prewarm() -> str | None:
-    """Why :func:`prewarm` does nothing in this process, or None if it starts a server."""
-    if os.environ.get(PREWARM_VARIABLE, "1").strip().lower() in ("0", "false", "no", "off", ""):
+    """Why :func:`prewarm` does nothing in this process, or None if it starts a server.
+
+    Unset, the variable means "in an interactive kernel only": a script, ``--help`` or ``doctor``
+    that imports the package starts no process until it runs something.
+    """
+    wanted = os.environ.get(PREWARM_VARIABLE, "auto").strip().lower()
+    if wanted in ("0", "false", "no", "off", ""):
         return f"{PREWARM_VARIABLE}={os.environ[PREWARM_VARIABLE]!r}"
     if "RANK" in os.environ or "LOCAL_RANK" in os.environ:
         return "under torchrun (RANK or LOCAL_RANK is set): the launcher starts the ranks"
@@ -155,21 +180,29 @@ def why_not_prewarm() -> str | None:
         return "a multiprocessing child, not a main interpreter"
     if DEFAULT_START_METHOD != "forkserver":
         return f"no forkserver start method on {sys.platform}"
+    if wanted == "auto" and not _interactive():
+        return f"not an interactive kernel (a script starts ranks when it runs; {PREWARM_VARIABLE}=1: at import)"
     return None
 
 
 def prewarm() -> RankServer | None:
     """Start the default rank server now, so that torch is loaded in it before the first run asks for ranks.
 
-    Called when the package is imported; does nothing in ranks, under torchrun, or with
-    ``COMMHOOKS_LAB_PREWARM=0``. Never raises: without it the first run starts the server itself.
+    Called when the package is imported; does nothing in scripts (unless ``COMMHOOKS_LAB_PREWARM=1``),
+    in ranks, under torchrun, or with ``COMMHOOKS_LAB_PREWARM=0``. Never raises: without it the first
+    run starts the server itself.
     """
     if why_not_prewarm() is not None:
         return None
     try:
-        return server_for({**os.environ, **child_environment()})
+        return default_server()
     except Exception:
         return None
+
+
+def default_server() -> RankServer:
+    """The server a plain ``Cluster()`` in this process uses (the notebook's environment), started if needed."""
+    return server_for({**os.environ, **child_environment()})
 
 
 class _RankPopen(popen_forkserver.Popen):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = ["StepWatch"]
+
 
 def _ranks(ranks) -> str:
     ranks = sorted(ranks)

@@ -15,6 +15,8 @@ import shutil
 import stat
 import tempfile
 
+__all__ = ["PrivateRendezvous"]
+
 PREFIX = "commhooks-rendezvous-"
 
 

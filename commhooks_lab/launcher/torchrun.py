@@ -18,6 +18,8 @@ from .devices import backend_and_device
 from .options import check_common_options
 from .rank_process import WorkerContext
 
+__all__ = ["launch_from_env", "under_torchrun"]
+
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from ..result import Result, load
 
+__all__ = ["assert_matches_golden", "compare_with_golden", "DEFAULT_RTOL", "EXACT_COLUMNS", "Moved"]
+
 #: Bytes must not move at all; errors and losses may move by float rounding of another build.
 EXACT_COLUMNS = ("payload_bytes", "uncompressed_bytes", "compressing")
 DEFAULT_RTOL = {"rel_error": 1e-3, "cosine": 1e-6, "loss": 1e-4, "cumulative_rel_error": 1e-3}

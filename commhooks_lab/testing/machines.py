@@ -12,6 +12,8 @@ import os
 
 from ..launcher.numerics import MODE_VARIABLE, NATIVE, ONE_THREAD, PORTABLE_VARIABLES
 
+__all__ = ["environment", "KERNEL_PATHS", "PORTABLE_PATHS"]
+
 KERNEL_PATHS: dict[str, dict[str, str]] = {
     "native": {},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},

@@ -16,6 +16,21 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+__all__ = [
+    "CellReport",
+    "compare_notebooks",
+    "compare_outputs",
+    "compare_text",
+    "flatten",
+    "is_integer",
+    "METADATA_KEY",
+    "Moved",
+    "NUMBER",
+    "STRICT",
+    "Tolerance",
+    "tolerance_of",
+]
+
 #: A number standing on its own: not part of a name (``fp16``, ``r4``, ``0x1f``), with sign, decimals, exponent.
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 #: What nbval never compares (its own list): volatile keys and images.
@@ -104,7 +119,7 @@ class CellReport:
         return max((m.relative for m in self.moved), default=0.0)
 
 
-def split_numbers(text: str) -> tuple[list[str], list[str]]:
+def _split_numbers(text: str) -> tuple[list[str], list[str]]:
     """``text`` as its skeleton (white space folded) and its numbers, in order."""
     pieces = NUMBER.split(text)
     numbers = NUMBER.findall(text)
@@ -125,8 +140,8 @@ def compare_text(ref: str, new: str, tolerance: Tolerance) -> tuple[str, list[Mo
         return "", []
     for pattern in tolerance.volatile:
         ref, new = re.sub(pattern, "<volatile>", ref), re.sub(pattern, "<volatile>", new)
-    ref_text, ref_numbers = split_numbers(ref)
-    new_text, new_numbers = split_numbers(new)
+    ref_text, ref_numbers = _split_numbers(ref)
+    new_text, new_numbers = _split_numbers(new)
     if ref_text != new_text or len(ref_numbers) != len(new_numbers):
         where = next((i for i, (a, b) in enumerate(zip(ref_text, new_text)) if a != b), min(len(ref_text), 0))
         a = ref_text[where] if where < len(ref_text) else ""

@@ -12,6 +12,8 @@ import pytest
 
 from .notebooks import CellReport, compare_outputs, tolerance_of
 
+__all__: list[str] = []
+
 _REPORTS = pytest.StashKey[list]()
 _SAVED_COMPARE = pytest.StashKey[object]()
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import math
 
+__all__ = ["needed", "SAFETY", "SEED_SET", "tolerance_from"]
+
 SAFETY = 2.0
 MAX_RTOL = 0.5
 #: The configurations a measurement runs besides the kernel paths; they inform, they do not set tolerances.
 SEED_SET = "seed set 1"
 
 
-def round_up(value: float) -> float:
+def _round_up(value: float) -> float:
     """``value`` rounded up to one significant figure (0.00237 -> 0.003)."""
     if value <= 0:
         return 0.0
@@ -39,7 +41,7 @@ def needed(moves: list[tuple[float, float]]) -> dict[str, float]:
 def tolerance_from(measured: dict[str, dict[str, float]]) -> tuple[float, float]:
     """(rtol, atol) for the moves ``measured`` on each kernel path (``{path: needed(...)}``)."""
     kernel = [m for name, m in measured.items() if name != SEED_SET]
-    rtol = round_up(SAFETY * max((m["rtol"] for m in kernel), default=0.0))
+    rtol = _round_up(SAFETY * max((m["rtol"] for m in kernel), default=0.0))
     if rtol <= MAX_RTOL:
-        return rtol, round_up(SAFETY * max((m["atol"] for m in kernel), default=0.0))
-    return 0.0, round_up(SAFETY * max((m["abs"] for m in kernel), default=0.0))
+        return rtol, _round_up(SAFETY * max((m["atol"] for m in kernel), default=0.0))
+    return 0.0, _round_up(SAFETY * max((m["abs"] for m in kernel), default=0.0))

@@ -1,0 +1,106 @@
+"""Model, optimizer and hook registration for each way of setting up DDP (plain PyTorch, Accelerate).
+
+Both paths register the chosen hook inside the probe and hand the training loop the same
+:class:`Setup`, so the loop in :mod:`commhooks_lab.engine.job` never asks which path it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .. import _compat
+from ..hooks.choice import HookChoice, build_hook
+from ..measure.probe import Probe
+from .config import ExperimentConfig
+from .data import rank_batches
+
+__all__ = ["compiled", "hook_notes", "make_optimizer", "register_probed", "Setup", "setup_torch_ddp"]
+
+
+def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr, momentum=0.9 if name == "momentum" else 0.0)
+
+
+def hook_notes(config: ExperimentConfig, choice: HookChoice, hook, refusal: str | None) -> list[str]:
+    """What the learner should know about this run that the numbers alone do not say."""
+    notes = []
+    if refusal is not None:
+        needing = next((e for e in (choice.wrapper_entry, choice.entry) if e is not None and e.needs), None)
+        which = needing.name if needing is not None else choice.name
+        needs = needing.needs if needing is not None else "another build"
+        notes.append(
+            f"{which}: on this build `ddp_model.register_comm_hook(state, {hook.__name__})` raises {refusal}. "
+            f"DDP refuses this hook by name unless PyTorch has {needs}. gloo runs its arithmetic fine, so the lab "
+            f"registered the same function inside its probe to measure it; with {needs} your own "
+            "register_comm_hook call works as written."
+        )
+    if choice.entry is not None and choice.entry.rank_note is not None:
+        note = choice.entry.rank_note()
+        if note:
+            notes.append(note)
+    if hook is None and config.measure:
+        notes.append(
+            "no: DDP's built-in allreduce runs in C++ where Python cannot see it; the probe measured it "
+            "through allreduce_hook, which gives bit-identical gradients."
+        )
+    return notes
+
+
+@dataclass
+class Setup:
+    """What a training loop needs, however DDP was set up."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    state: Any
+    notes: list
+    backward: Callable
+    batches: Iterator
+
+
+def register_probed(ddp, probe: Probe, hook, state, ctx, config: ExperimentConfig, register=None) -> None:
+    """Register ``hook`` inside the probe; with no hook, measure DDP's allreduce through allreduce_hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if hook is None and config.measure:
+        hook, state = default_hooks.allreduce_hook, None
+    if hook is not None:
+        (register or ddp.register_comm_hook)(state, probe.wrap(hook, wait=ctx.backend == "gloo"))
+
+
+def setup_torch_ddp(ctx, config: ExperimentConfig, task, probe: Probe, choice: HookChoice) -> Setup:
+    """Plain PyTorch: ``DDP(model)`` then ``register_comm_hook(state, hook)``, the hook inside the probe."""
+    device_ids = [ctx.device] if ctx.device.type == "cuda" else None
+    ddp = DDP(task.model, device_ids=device_ids, bucket_cap_mb=config.bucket_cap_mb)  # reads optimize_ddp
+    hook, state = build_hook(choice)
+    refusal = _compat.registration_refusal(ddp, hook) if hook is not None else None
+    probe.notes.extend(hook_notes(config, choice, hook, refusal))  # the probe adds its own as it measures
+    register_probed(ddp, probe, hook, state, ctx, config)
+    optimizer = make_optimizer(config.optimizer, ddp.parameters(), config.lr)
+    data = rank_batches(task.train, ctx.rank, ctx.world_size, config.batch_size, config.seed)
+    if config.compile == "eager":
+        return Setup(ddp, optimizer, state, probe.notes, torch.Tensor.backward, data)
+    model, backward = compiled(ddp, config.compile)
+    return Setup(model, optimizer, state, probe.notes, backward, data)
+
+
+def compiled(ddp: DDP, mode: str) -> tuple[torch.nn.Module, Callable]:
+    """``torch.compile`` the DDP model; under compiled autograd the backward is traced too."""
+    from .config import COMPILE_BACKEND
+
+    model = cast(torch.nn.Module, torch.compile(ddp, backend=COMPILE_BACKEND))  # an OptimizedModule
+    if mode != "compiled_autograd":
+        return model, torch.Tensor.backward
+
+    def backward(loss: torch.Tensor) -> None:
+        with _compat.compiled_autograd(torch.compile(backend=COMPILE_BACKEND)):
+            loss.backward()
+
+    return model, backward

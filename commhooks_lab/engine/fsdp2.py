@@ -1,0 +1,141 @@
+"""The same measurements for FSDP2 (``torch.distributed.fsdp.fully_shard``), where gradients are
+reduce-scattered instead of all-reduced.
+
+FSDP2 has no comm hooks in DDP's sense; its hook points are ``MixedPrecisionPolicy(reduce_dtype=...)``
+(the dtype gradients are reduced in: DDP's fp16/bf16 hooks' counterpart), ``set_custom_reduce_scatter``,
+``set_all_reduce_hook``, ``set_gradient_divide_factor`` and ``set_force_sum_reduction_for_comms``.
+This worker trains a lab task with every ``nn.Linear``/``nn.Conv2d`` and the root wrapped by
+``fully_shard`` and measures each step against the float64 mean of the ranks' *unsharded* local
+gradients, computed on an unsharded copy of the model that holds the same parameters: the same
+``rel_error``, ``cosine`` and per-parameter rows as a DDP run, and the bytes per collective.
+
+``reduce_dtype`` is chosen with the hook names a DDP user knows: ``allreduce`` (float32),
+``fp16`` (float16) and ``bf16`` (bfloat16).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["fsdp2_job", "REDUCE_DTYPES"]
+
+#: DDP hook name -> the FSDP2 reduce_dtype that does the same arithmetic on the gradients.
+REDUCE_DTYPES = {"allreduce": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _shard(model: torch.nn.Module, reduce_dtype: torch.dtype) -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear | torch.nn.Conv2d):
+            fully_shard(module, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (an all-gather), or the tensor itself."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _errors(h: torch.Tensor, exact: torch.Tensor) -> dict:
+    """rel_error, cosine and max_abs_error, from the same sums the DDP probe's measurement uses."""
+    from ..measure.metrics import errors_from_sums
+
+    diff = h - exact
+    return errors_from_sums(float(diff @ diff), float(exact @ exact), float(h @ h), float(diff.abs().max()))
+
+
+def fsdp2_job(ctx, config, choice=None) -> dict:
+    """Worker: train ``config.steps`` steps with FSDP2 and measure each one; rank 0 returns the tables.
+
+    ``choice`` (the checked hook choice) is accepted for the same call shape as ``run_experiment``.
+    """
+    from ..measure.payload import PayloadCounter
+    from .data import rank_batches
+    from .ddp_setup import make_optimizer
+    from .job import accuracy, param_digest, run_environment
+    from .models import build_task
+
+    hook = config.hook if isinstance(config.hook, str) else ""
+    if hook not in REDUCE_DTYPES:
+        raise ValueError(f"api='fsdp2' takes hook in {sorted(REDUCE_DTYPES)} (the reduce_dtype), got {config.hook!r}")
+    task = build_task(config.model, config.seed)
+    local = copy.deepcopy(task.model)  # unsharded copy: each rank's own gradient, as DDP's probe sees it
+    model = task.model
+    _shard(model, REDUCE_DTYPES[hook])
+    optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
+    names = [n for n, _ in local.named_parameters()]
+    batches = rank_batches(task.train, ctx.rank, ctx.world_size, config.batch_size, config.seed)
+    loss_fn = task.loss_fn()
+    counter = PayloadCounter.install()
+    steps, layers = [], []
+    for step in range(config.steps):
+        ctx.heartbeat(step)
+        x, y = next(batches)
+        with torch.no_grad():  # the copy holds this step's parameters (an all-gather, not counted)
+            for p_local, p in zip(local.parameters(), model.parameters()):
+                p_local.copy_(_full(p))
+        local.zero_grad(set_to_none=True)
+        loss_fn(local(x), y).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in local.parameters() if p.grad is not None]).double()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        counter.reset()
+        counter.active = True
+        loss.backward()
+        counter.active = False
+        counted = dict(counter.bytes_by_op), counter.payload_bytes, counter.ring_bytes
+        h = torch.cat([_full(p.grad).reshape(-1) for p in model.parameters() if p.grad is not None]).double()
+        optimizer.step()
+        elapsed = time.perf_counter() - start
+        exact = g.clone()
+        dist.all_reduce(exact)
+        exact /= ctx.world_size
+        total_loss = loss.detach().double().reshape(1)
+        dist.all_reduce(total_loss)
+        row = {
+            "step": step,
+            "loss": float(total_loss) / ctx.world_size,
+            "payload_bytes": counted[1],
+            "ring_bytes": counted[2],
+            "uncompressed_bytes": g.numel() * 4,
+            "step_time_s": elapsed,
+            "compressing": REDUCE_DTYPES[hook] != torch.float32,
+            **_errors(h, exact),
+            **{f"{op}_bytes": n for op, n in counted[0].items()},
+        }
+        steps.append(row)
+        sizes = [p.numel() for p in local.parameters()]
+        for name, size, hp, ep in zip(names, sizes, h.split(sizes), exact.split(sizes)):
+            layers.append({"step": step, "layer": name, "numel": size, **_errors(hp, ep)})
+    with torch.no_grad():  # the trained parameters, whole, for the digest and the test accuracy
+        for p_local, p in zip(local.parameters(), model.parameters()):
+            p_local.copy_(_full(p))
+    digest = param_digest(local)
+    if not ctx.is_main:
+        return {"rank": ctx.rank, "param_digest": digest}
+    final_accuracy = accuracy(local, task.test, ctx.device) if task.test is not None else math.nan
+    return {
+        "rank": 0,
+        "param_digest": digest,
+        "steps": steps,
+        "layers": layers,
+        "notes": [
+            f"fsdp2: fully_shard with MixedPrecisionPolicy(reduce_dtype={REDUCE_DTYPES[hook]}); gradients are "
+            "reduce-scattered (each rank keeps 1/W of the mean) and parameters all-gathered for forward and backward, "
+            "so its bytes per step are not DDP's all-reduce bytes."
+        ],
+        "sample": None,
+        "final": {
+            "loss": steps[-1]["loss"],
+            "accuracy": final_accuracy,
+        },
+        "env": {**run_environment(ctx, task), "api": "fsdp2"},
+    }

@@ -1,0 +1,179 @@
+"""A hook choice: what a learner typed, checked in the notebook, built inside each rank.
+
+What the names mean lives in :mod:`commhooks_lab.hooks.registry`. A hook of your own is any
+``hook(state, bucket) -> torch.futures.Future[torch.Tensor]``; a compressor object from
+:mod:`commhooks_lab.hooks.compressors` works too.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _compat
+from .._util import import_object
+from . import registry
+from .registry import HookEntry
+
+__all__ = ["build_hook", "check_hook_choice", "HookChoice"]
+
+
+def _normalize(value: Any) -> Any:
+    """Accept Accelerate's enum members (their ``.value`` is the lab's name) and any case."""
+    value = getattr(value, "value", value)
+    return value.lower() if isinstance(value, str) else value
+
+
+def _resolve_user_hook(hook: Any) -> Callable:
+    """A callable, or ``"module:function"`` imported now; checked as DDP will check it, so that a
+    mistake fails here, before any process starts, and not in every rank."""
+    if isinstance(hook, str) and ":" in hook:
+        hook = import_object(hook, "hook")
+    if not callable(hook):
+        raise ValueError(
+            f"hook must be one of {registry.hook_names()}, a callable hook(state, bucket) or "
+            f"'module:function'; got {hook!r}"
+        )
+    name = getattr(hook, "__name__", repr(hook))
+    try:
+        signature = inspect.signature(hook)
+    except (TypeError, ValueError):
+        return hook  # a builtin without a signature: DDP cannot check it either
+    params = list(signature.parameters)
+    if len(params) != 2:
+        raise ValueError(f"a communication hook takes exactly (state, bucket); {name} takes {params}")
+    if params[1] != "bucket":
+        raise ValueError(
+            f"the second parameter of {name} is named {params[1]!r}; DDP looks the hook's parameter up by "
+            f"the name 'bucket' (otherwise every rank fails with a bare KeyError: 'bucket'). Write "
+            f"def {name}({params[0]}, bucket)."
+        )
+    returns = signature.return_annotation
+    if isinstance(returns, str):
+        raise ValueError(
+            f"{name} is annotated to return the string {returns!r} (postponed annotations, as with "
+            "`from __future__ import annotations`); DDP compares the annotation object with "
+            "torch.futures.Future[torch.Tensor] and refuses a string. Drop the return annotation."
+        )
+    if returns is not inspect.Signature.empty and not _is_future_annotation(returns):
+        raise ValueError(
+            f"{name} is annotated to return {returns!r}; a communication hook returns a "
+            "torch.futures.Future[torch.Tensor] (drop the annotation or write -> torch.futures.Future[torch.Tensor])"
+        )
+    error = _compat.comm_hook_check_error(hook)
+    if error is not None and not isinstance(error, TypeError):  # TypeError: bf16 by name, measured anyway
+        raise ValueError(
+            f"DDP's own check refuses {name} at register_comm_hook: {type(error).__name__}: {error}"
+        ) from error
+    return hook
+
+
+def _is_future_annotation(annotation: Any) -> bool:
+    import torch
+
+    origin = typing.get_origin(annotation) or annotation
+    return isinstance(origin, type) and issubclass(origin, torch.futures.Future)
+
+
+@dataclass(frozen=True)
+class HookChoice:
+    """A checked choice: which hook, which wrapper, which state options. Picklable."""
+
+    hook: Any  # a registered name, or a callable
+    wrapper: str = "no"
+    state_options: tuple = ()  # sorted (key, value) pairs, so the dataclass stays hashable
+    state_factory: Any = None  # user hooks: callable(process_group, **state_options) -> state
+    label: str | None = None  # a compressor object's name
+    entry: HookEntry | None = None  # the registry record of a registered name (travels to the ranks)
+    wrapper_entry: HookEntry | None = None
+
+    @property
+    def name(self) -> str:
+        """A run's default name: registered hooks name their options where they tell runs apart."""
+        if self.label:
+            return self.label
+        if self.entry is not None:
+            base = self.entry.run_name(self.options) if self.entry.run_name else self.entry.name
+        else:
+            base = getattr(self.hook, "__name__", "custom")
+        return base if self.wrapper == "no" else f"{self.wrapper}_wrapper({base})"
+
+    @property
+    def options(self) -> dict:
+        return dict(self.state_options)
+
+    def is_power_sgd(self) -> bool:
+        return self.entry is not None and self.entry.power_sgd
+
+
+def check_hook_choice(
+    hook: Any = "allreduce",
+    wrapper: Any = "no",
+    state_options: dict | None = None,
+    state_factory: Callable | None = None,
+) -> HookChoice:
+    """Validate before any process starts; every message says what to do instead."""
+    from .compressors import Compressor, compressor_hook, make_state
+
+    hook, wrapper = _normalize(hook), _normalize(wrapper)
+    options = dict(state_options or {})
+    wrapper_entry = registry.get("no" if wrapper is None else wrapper, registry.WRAPPER)
+    if isinstance(hook, Compressor):
+        if wrapper_entry.name != "no":
+            raise ValueError(f"the compressor {hook.name} makes its own payload; drop wrapper={wrapper!r}")
+        unknown = set(options) - {"seed"}
+        if unknown or state_factory is not None:
+            raise ValueError(f"a compressor takes only state_options={{'seed': int}}, got {sorted(options)}")
+        return HookChoice(compressor_hook, "no", tuple(sorted(options.items())), make_state(hook), hook.name)
+    if hook is None:
+        hook = "no"
+    if isinstance(hook, str) and ":" not in hook:
+        entry = registry.get(hook)
+        if wrapper_entry.name != "no" and entry.kind == registry.COMPRESSOR:
+            raise ValueError(f"the compressor {hook} makes its own payload; drop wrapper={wrapper!r}")
+        if wrapper_entry.name != "no" and hook == "no":
+            raise ValueError(
+                f"wrapper={wrapper!r} needs a hook to wrap, and hook='no' registers none "
+                "(Accelerate silently ignores such a comm_wrapper). Use hook='allreduce' or "
+                "'power_sgd' with it, or hook=" + repr(wrapper) + " alone."
+            )
+        registry.check_options(entry, options)
+        if state_factory is not None:
+            raise ValueError("state_factory is for your own hooks; registered hooks make their own state")
+        return HookChoice(
+            hook, wrapper_entry.name, tuple(sorted(options.items())), entry=entry, wrapper_entry=wrapper_entry
+        )
+    hook = _resolve_user_hook(hook)
+    if options and state_factory is None:
+        raise ValueError(
+            "state_options for your own hook need a state_factory(process_group, **state_options) that builds its state"
+        )
+    if state_factory is not None and not callable(state_factory):
+        raise ValueError(f"state_factory must be callable, got {state_factory!r}")
+    return HookChoice(
+        hook, wrapper_entry.name, tuple(sorted(options.items())), state_factory, wrapper_entry=wrapper_entry
+    )
+
+
+def build_hook(choice: HookChoice, process_group=None) -> tuple[Callable | None, Any]:
+    """The hook function and its state, as you would pass them to ``register_comm_hook``.
+
+    Returns ``(None, None)`` for ``no``: DDP then uses its built-in allreduce.
+    """
+    if choice.entry is not None:
+        if choice.entry.prepare is not None:
+            choice.entry.prepare()
+        assert choice.entry.build is not None  # register() refuses a hook without build=
+        hook, state = choice.entry.build(choice.options, process_group)
+        if hook is None:
+            return None, None
+    else:
+        hook, state = choice.hook, process_group
+        if choice.state_factory is not None:
+            state = choice.state_factory(process_group, **choice.options)
+    if choice.wrapper_entry is not None and choice.wrapper_entry.wrap is not None:
+        hook = choice.wrapper_entry.wrap(hook)
+    return hook, state

@@ -1,0 +1,23 @@
+"""Studies that answer one question each, built on the notebook API: convergence over seeds and the headroom
+test (``convergence``), bytes and time by rule (``network``), precision at scale (``precision``), the
+``torch.compile`` matrix (``compile_matrix``) and what runs here (``availability``). May import everything below
+the plots and widgets; nothing below imports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: ``lab.studies.convergence_study`` and friends, loaded on first use (importing a sibling loads nothing more).
+_CONVERGENCE = ("convergence_study", "convergence_summary", "diverged", "headroom_study", "payoff_lineup", "power_sgd")
+_MODULES = ("availability", "compile_matrix", "convergence", "network", "precision")
+
+__all__ = [*_CONVERGENCE, *_MODULES]
+
+
+def __getattr__(name: str):
+    if name in _CONVERGENCE:
+        return getattr(importlib.import_module(".convergence", __name__), name)
+    if name in _MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,375 @@
+"""Which hooks run on this machine, and why not: from trying each once, never a typed guess.
+
+The tries run in a child process (one rank, gloo, a private store): nothing they register,
+patch or log touches the notebook's kernel. Registered records travel to it by value, so a
+hook registered in a notebook cell is tried too. Results are cached per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["available_hooks", "main", "root_error"]
+
+_CACHE: dict[tuple, dict] = {}
+TRYOUT_TIMEOUT_S = 120.0
+
+
+def _tried_here() -> dict[str, dict]:
+    """``{name: {"runs": bool, "note": str, ...}}`` for every registered record and PyTorch's other hooks."""
+    from ..hooks import registry
+
+    entries = registry.entries()
+    key = tuple((e.kind, e.name) for e in entries)
+    if key not in _CACHE:
+        _CACHE[key] = _run_child(entries)
+    return _CACHE[key]
+
+
+def _run_child(entries: list) -> dict[str, dict]:
+    import cloudpickle
+
+    from ..hooks import registry
+    from ..launcher.environment import child_environment
+
+    env = {**os.environ, **child_environment()}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "commhooks_lab.studies.availability"],
+            input=cloudpickle.dumps(entries),
+            capture_output=True,
+            env=env,
+            timeout=TRYOUT_TIMEOUT_S,
+            check=False,
+        )
+        return json.loads(done.stdout.decode().strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        reason = f"could not try it on this machine ({type(exc).__name__})"
+        return {registry.key(e): {"runs": True, "note": reason} for e in entries}
+
+
+def available_hooks():
+    """A table of every registered hook, compressor and wrapper, and of PyTorch's hooks the lab
+    does not offer: does each run here, and if not, why (from trying it once, cached)."""
+    import pandas as pd
+
+    from ..hooks import registry
+
+    tried = _tried_here()
+    rows = []
+    for entry in registry.entries():
+        outcome = tried.get(registry.key(entry), {})
+        rows.append(
+            {
+                "kind": entry.kind,
+                "name": entry.name,
+                "runs_here": outcome.get("runs", True),
+                "what_it_does": entry.summary,
+                "needs": entry.needs,
+                "accelerate": entry.accelerate or "",
+                "note": outcome.get("note", ""),
+            }
+        )
+    for name, outcome in tried.items():
+        if outcome.get("pytorch_only") or outcome.get("fsdp2"):
+            rows.append(
+                {
+                    "kind": "fsdp2 hook point" if outcome.get("fsdp2") else "pytorch (not in the lab)",
+                    "name": name,
+                    "runs_here": outcome["runs"],
+                    "what_it_does": outcome["what"],
+                    "needs": outcome.get("needs", ""),
+                    "accelerate": "",
+                    "note": outcome["note"],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+# -- in the child ------------------------------------------------------------------------------------
+
+
+def root_error(exc: BaseException) -> str:
+    """The innermost ``SomeError: message`` line: PyTorch wraps callback errors in RuntimeErrors."""
+    text = f"{type(exc).__name__}: {exc}"
+    found = re.findall(r"\b([A-Z]\w*(?:Error|Exception): ?(?:(?![A-Z]\w*(?:Error|Exception):)[^\n])*)", text)
+    last = found[-1].strip() if found else text.splitlines()[0]
+    return f"a bare {last.rstrip(': ')}" if last.endswith(":") else last
+
+
+def _steps(model, n: int = 3) -> None:
+    import torch
+
+    for _ in range(n):
+        model(torch.randn(4, 8)).sum().backward()
+
+
+def _try(fn: Callable[[], Any]) -> str | None:
+    try:
+        fn()
+    except Exception as exc:
+        return root_error(exc)
+    return None
+
+
+def _ddp(**ddp_options):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    return DDP(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)), **ddp_options)
+
+
+def _try_entry(entry) -> dict:
+    from .. import _compat
+    from ..hooks import registry
+
+    options: dict[str, Any] = {"start_powerSGD_iter": 2} if entry.power_sgd else {}
+    if entry.kind == registry.WRAPPER:
+        build, wrap = registry.get("allreduce").build, entry.wrap
+        assert build is not None and wrap is not None  # register() guarantees both
+        hook, state = build({}, None)
+        hook = wrap(hook)
+    else:
+        before_patch = None
+        if entry.name == "batched_power_sgd" and not _compat.batched_fix_active():
+
+            def unpatched() -> None:
+                from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as p
+
+                model = _ddp()
+                model.register_comm_hook(p.PowerSGDState(None, **options), p.batched_powerSGD_hook)
+                _steps(model)
+
+            before_patch = _try(unpatched)
+        if entry.prepare is not None:
+            entry.prepare()
+        hook, state = entry.build(entry.options_with_defaults(options), None)
+    notes = []
+    if entry.name == "batched_power_sgd" and before_patch:
+        notes.append(
+            f"PyTorch's hook alone fails here ({before_patch}); it runs with the lab's fix, which lets "
+            "_orthogonalize take a 2-D matrix as a batch of one"
+        )
+    if hook is None:  # DDP's built-in allreduce
+        error = _try(lambda: _steps(_ddp()))
+        return {"runs": error is None, "note": error or ""}
+    model = _ddp()
+    refusal = _compat.registration_refusal(model, hook)
+    if refusal:
+        notes.append(
+            f"DDP refuses it by name on this build ({refusal}); the lab measures the same arithmetic inside its probe"
+        )
+
+    def run() -> None:
+        from ..measure.probe import Probe
+
+        probe = Probe(list(model.named_parameters()), 1, 0, measure=False)
+        model.register_comm_hook(state, probe.wrap(hook) if refusal else hook)
+        _steps(model)
+
+    error = _try(run)
+    if error:
+        notes.append(error)
+    return {"runs": error is None, "note": "; ".join(notes)}
+
+
+def _gloo_all_gather_layout() -> str:
+    import torch
+    import torch.distributed as dist
+
+    value = dist.all_gather([torch.zeros(2)], torch.ones(2), async_op=True).get_future().wait()
+    inner = type(value[0]).__name__
+    return f"{type(value).__name__} of {len(value)} {inner}{'s' if len(value) != 1 else ''}"
+
+
+def _pytorch_only() -> dict[str, dict]:
+    """PyTorch's hooks the lab does not offer, each tried the way its docs say to use it."""
+    import torch
+    from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook, post_localSGD_hook, quantization_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    layout = _gloo_all_gather_layout()
+
+    def quantized(hook):
+        def run() -> None:
+            model = _ddp()
+            model.register_comm_hook(None, hook)
+            _steps(model)
+
+        return run
+
+    def post_local_sgd() -> None:
+        model = _ddp()
+        state = post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=2)
+        model.register_comm_hook(state, post_localSGD_hook.post_localSGD_hook)
+        _steps(model)
+
+    def mixed_precision() -> None:
+        from torch.nn.parallel.distributed import _MixedPrecision
+
+        _steps(_ddp(mixed_precision=_MixedPrecision(param_dtype=torch.float16)))
+
+    def zero_overlap() -> None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        model = _ddp()
+        zero = ZeroRedundancyOptimizer(model.parameters(), torch.optim.SGD, lr=0.1, overlap_with_ddp=True)
+        model.register_comm_hook(None, ddp_zero_hook.hook_with_zero_step(allreduce_hook, model, zero))
+        _steps(model)
+
+    def fused_optimizer() -> None:
+        model = _ddp()
+        model._register_fused_optim(torch.optim.SGD, lr=0.1)
+        _steps(model)
+
+    quant_why = (
+        f"; on gloo an all_gather future holds a {layout} (one per rank), while the hook reads "
+        "fut.wait()[0][rank], a list of per-rank tensors inside a list; the lab's int8 compressor "
+        "runs on CPU instead"
+    )
+    tries = {
+        "quantization_pertensor_hook": (
+            "8-bit per-tensor quantization, all-gathered",
+            quantized(quantization_hooks.quantization_pertensor_hook),
+            quant_why,
+        ),
+        "quantization_perchannel_hook": (
+            "8-bit per-channel quantization, all-gathered",
+            quantized(quantization_hooks.quantization_perchannel_hook),
+            quant_why,
+        ),
+        "post_localSGD_hook": (
+            "local SGD after a warm-up: skips global communication",
+            post_local_sgd,
+            "; not a gradient compressor: it averages parameters with PostLocalSGDOptimizer",
+        ),
+        "DDP mixed_precision (_reducer_allreduce_and_upcast_hook)": (
+            "DDP's private mixed precision: fp16 parameters, upcast before the optimizer",
+            mixed_precision,
+            "",
+        ),
+        "hook_with_zero_step (ddp_zero_hook)": (
+            "overlaps ZeroRedundancyOptimizer's step with DDP's communication",
+            zero_overlap,
+            "",
+        ),
+        "_register_fused_optim (optimizer_overlap_hooks)": (
+            "runs the optimizer step inside the hook",
+            fused_optimizer,
+            "not a gradient compressor, so the lab does not offer it",
+        ),
+    }
+    out = {}
+    for name, (what, fn, why) in tries.items():
+        error = _try(fn)
+        note = (error + why) if error else why.lstrip("; ")
+        out[name] = {"runs": error is None, "note": note, "what": what, "pytorch_only": True}
+    return out
+
+
+def _fsdp2_hook_points() -> dict[str, dict]:
+    """FSDP2's places to change gradient communication, each tried on a sharded model for one step."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    def sharded(**policy):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+        for layer in model:
+            fully_shard(layer, mp_policy=MixedPrecisionPolicy(**policy))
+        return fully_shard(model, mp_policy=MixedPrecisionPolicy(**policy))
+
+    def step(model) -> None:
+        model(torch.randn(4, 8)).sum().backward()
+
+    def configured(setter: Callable[[Any], Any], **policy: Any) -> Callable[[], None]:
+        def run() -> None:
+            model = sharded(**policy)
+            setter(model)
+            step(model)
+
+        return run
+
+    def unchanged(model: Any) -> None:
+        pass
+
+    points = {
+        "MixedPrecisionPolicy(reduce_dtype=bfloat16)": (
+            "reduce gradients in 16 bits: DDP's bf16 hook's counterpart (api='fsdp2', hook='bf16')",
+            configured(unchanged, reduce_dtype=torch.bfloat16),
+            "",
+        ),
+        "set_gradient_divide_factor": (
+            "divide the reduced gradients by another factor than W",
+            configured(lambda m: m.set_gradient_divide_factor(4.0)),
+            "",
+        ),
+        "set_force_sum_reduction_for_comms": (
+            "reduce with SUM only, scaling before or after (NCCL's zero-copy collectives need it)",
+            configured(lambda m: m.set_force_sum_reduction_for_comms(True)),
+            "",
+        ),
+        "set_all_reduce_hook": (
+            "a function called on the reduce-scatter output (HSDP: on the all-reduce output)",
+            configured(lambda m: m.set_all_reduce_hook(lambda output: None)),
+            "",
+        ),
+        "set_custom_reduce_scatter": (
+            "replace the reduce-scatter itself (a ReduceScatter comm object; one param group only)",
+            configured(lambda m: m.set_custom_reduce_scatter),
+            "present on this build; the lab does not exercise a custom reduce-scatter yet",
+        ),
+    }
+    out = {}
+    for name, (what, fn, why) in points.items():
+        error = _try(fn)
+        out[name] = {
+            "runs": error is None,
+            "note": error or why,
+            "what": what,
+            "fsdp2": True,
+            "needs": "torch >= 2.6 (FSDP2, fully_shard); any backend",
+        }
+    return out
+
+
+def main() -> None:
+    import contextlib
+    import logging
+    import warnings
+
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(10)  # background information (the dashboard's list): the notebook's own run goes first
+
+    import cloudpickle
+    import torch.distributed as dist
+
+    from ..hooks import registry
+
+    warnings.simplefilter("ignore")
+    logging.disable(logging.CRITICAL)
+    entries = cloudpickle.loads(sys.stdin.buffer.read())
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    out = {}
+    for entry in entries:
+        key = registry.key(entry)
+        try:
+            out[key] = _try_entry(entry)
+        except Exception as exc:  # building it failed: that is the answer
+            out[key] = {"runs": False, "note": root_error(exc)}
+    out.update(_pytorch_only())
+    out.update(_fsdp2_hook_points())
+    sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # skip gloo's teardown: results are out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Which hooks survive ``torch.compile``: a compatibility matrix computed on this machine, never typed.
+
+Three ways to run a DDP step with a comm hook:
+
+- ``eager``: no compile;
+- ``ddp_optimizer``: ``torch.compile(ddp_model)`` with Dynamo's default DDPOptimizer, which splits
+  the graph at bucket boundaries so DDP's reducer (and the hook) runs as in eager;
+- ``compiled_autograd``: ``optimize_ddp="python_reducer"`` plus compiled autograd, where the
+  backward is traced and the hook is called with another argument than a ``GradBucket``.
+
+Each hook runs one step in each mode on two real ranks from the same weights and batch; the
+table says whether it ran, the real error text if not, and how the gradient it produced compares
+with eager's (bit-identical, or the relative difference). Compile backend: ``aot_eager`` by
+default (no C++ build: seconds on a laptop); pass ``backend="inductor"`` to use the real one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..engine.job import quiet_dynamo
+from ..hooks import registry
+from ..hooks.choice import HookChoice, build_hook, check_hook_choice
+
+__all__ = ["as_choice", "compile_compatibility", "default_lineup", "MODES", "STEPS", "torch_source"]
+
+MODES = ("eager", "ddp_optimizer", "compiled_autograd")
+#: Steps per case: PowerSGD (start_powerSGD_iter=2) compresses in the last, error feedback has memory.
+STEPS = 3
+_CACHE: dict[tuple, Any] = {}
+
+
+def as_choice(item: Any) -> HookChoice:
+    """A registered name (``"topk[ratio=0.05]"`` too), a dict of ExperimentConfig's hook fields, or your hook."""
+    if isinstance(item, HookChoice):
+        return item
+    if isinstance(item, dict):
+        unknown = set(item) - {"hook", "wrapper", "state_options", "state_factory"}
+        if unknown:
+            raise ValueError(f"a hook dict takes hook, wrapper, state_options, state_factory; got {sorted(unknown)}")
+        return check_hook_choice(
+            item.get("hook", "allreduce"),
+            item.get("wrapper", "no"),
+            item.get("state_options"),
+            item.get("state_factory"),
+        )
+    if isinstance(item, str) and "[" in item:
+        name, options = registry.parse_hook_spec(item)
+        return check_hook_choice(name, state_options=options)
+    return check_hook_choice(item)
+
+
+def default_lineup() -> list[Any]:
+    """Every registered hook and compressor family (default options) and each wrapper around allreduce."""
+    items: list[Any] = [e.name for e in registry.entries(registry.HOOK)]
+    items += [e.name for e in registry.entries(registry.COMPRESSOR)]
+    items += [{"hook": "allreduce", "wrapper": e.name} for e in registry.entries(registry.WRAPPER) if e.name != "no"]
+    return items
+
+
+def _one_case(choice: HookChoice, mode: str, backend: str, seed: int = 0):
+    """``STEPS`` steps of a tiny MLP under ``mode`` with the hook; returns the last step's flat gradient."""
+    import torch
+    import torch._dynamo
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .. import _compat
+
+    if choice.is_power_sgd() and "start_powerSGD_iter" not in choice.options:
+        choice = replace(choice, state_options=tuple(sorted({**choice.options, "start_powerSGD_iter": 2}.items())))
+    torch._dynamo.reset()
+    switch = _compat.optimize_ddp("python_reducer" if mode == "compiled_autograd" else "ddp_optimizer")
+    with switch, quiet_dynamo():
+        torch.manual_seed(seed)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)))
+        hook, state = build_hook(choice)
+        if hook is not None:
+            model.register_comm_hook(state, _registrable(model, hook))
+        generator = torch.Generator().manual_seed(seed + torch.distributed.get_rank())
+        x, y = torch.randn(16, 64, generator=generator), torch.randint(0, 10, (16,), generator=generator)
+        run = model if mode == "eager" else torch.compile(model, backend=backend)
+        for _ in range(STEPS):  # no optimizer: the same gradient each step, changed only by the hook's state
+            model.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(run(x), y)
+            if mode == "compiled_autograd":
+                with _compat.compiled_autograd(torch.compile(backend=backend)):
+                    loss.backward()
+            else:
+                loss.backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+
+
+def _registrable(model, hook):
+    """``hook`` itself, or a plain wrapper when DDP refuses it by name on this build (bf16 without NCCL).
+
+    gloo runs the arithmetic fine; the lab's runs register such hooks inside the probe the same way.
+    """
+    from .. import _compat
+
+    if _compat.registration_refusal(model, hook) is None:
+        return hook
+
+    def registered(state, bucket):
+        return hook(state, bucket)
+
+    registered.__annotations__ = hook.__annotations__
+    return registered
+
+
+def _matrix_job(ctx, choices: Sequence[HookChoice], modes: Sequence[str], backend: str) -> list[dict]:
+    """Worker: every hook in every mode; rank 0's rows (every rank runs the same cases in the same order)."""
+    import hashlib
+    import time
+
+    from .availability import root_error
+
+    rows = []
+    for choice in choices:
+        eager = None
+        for mode in modes:
+            start = time.perf_counter()
+            try:
+                grad = _one_case(choice, mode, backend)
+                error = ""
+            except Exception as exc:
+                grad, error = None, root_error(exc)
+            seconds = time.perf_counter() - start
+            if mode == "eager":
+                eager = grad
+            row = {
+                "hook": choice.name,
+                "mode": mode,
+                "runs": grad is not None,
+                "error": error,
+                "seconds": round(seconds, 2),
+            }
+            if grad is not None:
+                row["grad_sha256"] = hashlib.sha256(grad.detach().numpy().tobytes()).hexdigest()[:16]
+            if grad is not None and eager is not None:
+                row["bit_identical_to_eager"] = bool(grad.equal(eager))
+                row["rel_diff_vs_eager"] = float((grad - eager).norm() / eager.norm()) if eager.norm() > 0 else 0.0
+            rows.append(row)
+    return rows
+
+
+def compile_compatibility(
+    hooks: Sequence[Any] | None = None, modes: Sequence[str] = MODES, backend: str = "aot_eager", cluster=None
+):
+    """The matrix as a table (one row per hook and mode), computed once per process for the same arguments.
+
+    ``hooks``: names (``"topk[ratio=0.05]"``), dicts such as ``{"hook": "allreduce", "wrapper": "fp16"}``,
+    or your own hook functions; by default :func:`default_lineup`. Every item is checked before
+    any process starts.
+    """
+    import pandas as pd
+
+    from ..launcher import launch
+
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown modes {unknown}; choose from {list(MODES)}")
+    choices = tuple(as_choice(item) for item in (default_lineup() if hooks is None else hooks))
+    key = (tuple(repr(c) for c in choices), tuple(modes), backend)  # a redefined hook is a new function
+    if key not in _CACHE:
+        args = (choices, tuple(modes), backend)
+        if cluster is not None:
+            rows = cluster.run(_matrix_job, *args, timeout_s=300)[0]
+        else:
+            rows = launch(_matrix_job, *args, world_size=2, timeout_s=300)[0]
+        _CACHE[key] = pd.DataFrame(rows)
+    return _CACHE[key].copy()
+
+
+def torch_source(obj: Any, contains: str | Sequence[str], context: int = 0) -> str:
+    """The lines of PyTorch's installed source of ``obj`` that contain ``contains`` (and ``context`` around),
+    under the file's name, with line numbers: read what your torch does, not what a tutorial remembers."""
+    import inspect
+
+    lines, first = inspect.getsourcelines(obj)
+    path = inspect.getsourcefile(obj) or "?"
+    short = path[path.rfind("torch/") :] if "torch/" in path else path
+    wanted = [contains] if isinstance(contains, str) else list(contains)
+    missing = [w for w in wanted if not any(w in line for line in lines)]
+    if missing:
+        raise ValueError(f"{missing} not in {short} {obj.__qualname__} any more: PyTorch changed it")
+    hits = [i for i, line in enumerate(lines) if any(w in line for w in wanted)]
+    keep = sorted({j for i in hits for j in range(max(0, i - context), min(len(lines), i + context + 1))})
+    out = [f"# {short}, {obj.__qualname__}"]
+    for before, j in zip([None, *keep], keep):
+        if before is not None and j > before + 1:
+            out.append("      ...")  # lines left out
+        out.append(f"{first + j:5d}  {lines[j].rstrip()}")
+    return "\n".join(out)

@@ -1,0 +1,156 @@
+"""Precision at scale: how the error of a 16-bit gradient reduction grows with the number of ranks.
+
+Running 16 real ranks on a laptop measures the scheduler, so this study replays the arithmetic in
+one process, exactly: it computes every rank's local gradient of a lab task (the same model, seed
+and batches the ranks would use), then reduces them the way each method rounds:
+
+- ``ring``: cast to 16 bits, divide by W, add chunk by chunk around a ring with a 16-bit rounding
+  after every hop — as NCCL's ring algorithm does (gloo picks other algorithms, so
+  ``bf16_compress_hook`` on gloo rounds in another order; :func:`~commhooks_lab.hooks.low_precision.ring_hook`
+  runs this very order on real ranks, and a test checks the two agree);
+- ``wire16_sum32``: the same 16-bit values, summed in float32, the sum rounded to 16 bits once;
+- ``one_rounding``: the exact mean rounded to 16 bits once — no reduction can beat this floor;
+- ``bound``: the worst case for the ring, derived below, evaluated on these gradients.
+
+The bound: PyTorch's hook computes y_r = fl(fl(g_r) / W) (two roundings, |y_r - g_r/W| <= gamma_2 |g_r|/W)
+and the ring adds W values with W-1 roundings (Higham, Accuracy and Stability of Numerical Algorithms,
+2nd ed., eq. 4.4: |error| <= gamma_{W-1} sum_r |y_r|), so per element
+|h - mean| <= gamma_{W+1} * sum_r |g_r| / W, with gamma_n = n u / (1 - n u), as long as nothing
+overflows or falls into the subnormal range. The norm of that vector over the norm of the mean is
+the ``bound`` row. It grows with W and with cancellation; measured errors sit far below it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import torch
+
+__all__ = ["local_gradients", "plot_precision", "precision_vs_world_size", "reduce_16bit", "rel_error"]
+
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """The ranks run with one thread; so must the replay, for bit-identical gradients."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def local_gradients(model: str = "mlp", world_size: int = 8, batch_size: int = 32, seed: int = 0) -> torch.Tensor:
+    """Each rank's local gradient at the first step, as rows of a (W, n) float32 tensor.
+
+    The same task, initial weights and DistributedSampler batches as ``lab.run(model=..., world_size=W)``.
+    """
+    from ..engine.data import rank_batches
+    from ..engine.models import build_task
+
+    rows = []
+    with _one_thread():
+        for rank in range(world_size):
+            task = build_task(model, seed)
+            x, y = next(rank_batches(task.train, rank, world_size, batch_size, seed))
+            task.model.zero_grad(set_to_none=True)
+            task.loss_fn()(task.model(x), y).backward()
+            rows.append(torch.cat([p.grad.reshape(-1) for p in task.model.parameters() if p.grad is not None]))
+    return torch.stack(rows)
+
+
+def ring_allreduce(values: torch.Tensor) -> torch.Tensor:
+    """Sum the rows of ``values`` (W, n) as a ring does, rounding to ``values.dtype`` after every hop.
+
+    In hop s rank r sends piece (r - s) mod W to rank r + 1, which adds its own copy: piece c
+    starts at rank c and picks up ranks c+1, c+2, ..., c-1 (mod W) in that order.
+    """
+    world = values.shape[0]
+    pieces = [list(row.tensor_split(world)) for row in values]
+    out = []
+    for chunk in range(world):
+        acc = pieces[chunk][chunk].clone()
+        for step in range(1, world):
+            acc += pieces[(chunk + step) % world][chunk]  # one rounding in the 16-bit dtype per hop
+        out.append(acc)
+    return torch.cat(out)
+
+
+def reduce_16bit(grads: torch.Tensor, dtype: torch.dtype, method: str) -> torch.Tensor:
+    """The mean gradient as ``method`` leaves it, in float64 for measuring."""
+    world = grads.shape[0]
+    if method == "ring":
+        return ring_allreduce(grads.to(dtype).div_(world)).double()
+    if method == "wire16_sum32":
+        return (grads / world).to(dtype).float().sum(dim=0).to(dtype).double()
+    if method == "one_rounding":
+        return grads.double().mean(dim=0).to(dtype).double()
+    raise ValueError(f"unknown method {method!r}; choose 'ring', 'wire16_sum32' or 'one_rounding'")
+
+
+def rel_error(h: torch.Tensor, exact: torch.Tensor) -> float:
+    return float((h - exact).norm() / exact.norm())
+
+
+def _worst_case_bound(grads: torch.Tensor, dtype: torch.dtype) -> float:
+    """|| gamma_{W+1} sum_r |g_r| / W || / || mean_r g_r ||: the ring's worst case (see the module doc)."""
+    world = grads.shape[0]
+    n_u = (world + 1) * UNIT_ROUNDOFF[dtype]
+    gamma = n_u / (1 - n_u)
+    g = grads.double()
+    return float(gamma * g.abs().mean(dim=0).norm() / g.mean(dim=0).norm())
+
+
+def precision_vs_world_size(
+    world_sizes: Sequence[int] = (2, 4, 8, 16),
+    model: str = "mlp",
+    dtypes: Sequence[torch.dtype] = (torch.bfloat16, torch.float16),
+    seed: int = 0,
+):
+    """A table: rel_error of each method, the one-rounding floor and the worst-case bound, per W and dtype."""
+    import pandas as pd
+
+    rows = []
+    for world in world_sizes:
+        grads = local_gradients(model, world, seed=seed)
+        exact = grads.double().mean(dim=0)
+        for dtype in dtypes:
+            name = str(dtype).replace("torch.", "")
+            row = {"world_size": world, "dtype": name}
+            for method in ("ring", "wire16_sum32", "one_rounding"):
+                row[method] = rel_error(reduce_16bit(grads, dtype, method), exact)
+            row["bound"] = _worst_case_bound(grads, dtype)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_precision(table, dtype: str = "bfloat16"):
+    """Error against world size for one dtype: the ring grows, float32 sums stay near the floor."""
+    import matplotlib.pyplot as plt
+
+    rows = table[table["dtype"] == dtype].set_index("world_size")
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    styles = {
+        "ring": ("ring all-reduce in " + dtype + " (a ring's rounding order)", "o-"),
+        "wire16_sum32": (dtype + " on the wire, float32 sums", "s-"),
+        "one_rounding": ("floor: the exact mean rounded once", "k--"),
+        "bound": ("worst case for the ring, gamma_(W+1) x cancellation", "k:"),
+    }
+    for column, (label, style) in styles.items():
+        ax.plot(rows.index, rows[column], style, label=label)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="world size W (ranks)",
+        ylabel="rel_error of the mean gradient",
+        title=f"{dtype}: the ring's error grows with W; summing in float32 keeps it near one rounding",
+    )
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xticks(list(rows.index), [str(w) for w in rows.index])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.legend(fontsize=8, loc="upper left")
+    return fig
