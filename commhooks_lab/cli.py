@@ -6,10 +6,10 @@ Runs in a terminal (it starts the ranks itself) or under torchrun (the ranks are
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+from .hooks.powersgd import SHORT_RUN_START
 from .launcher.rank_server import DEFAULT_START_METHOD
 from .launcher.torchrun import launch_from_env, under_torchrun
 
@@ -58,54 +58,35 @@ def comparison_configs(args: argparse.Namespace):
     if not args.hooks:
         return [as_config(item, base) for item in DEFAULT_COMPARISON]
     configs = []
-    for spec in args.hooks:
-        if ":" in spec:  # module:function, a hook of your own
-            configs.append(base.replace(hook=spec, wrapper=args.wrapper))
+    for spec in args.hooks:  # a name, "name[key=value,...]" or module:function (a hook of your own)
+        config = base.replace(hook=spec)
+        entry = registry.get(config.hook) if isinstance(config.hook, str) and ":" not in config.hook else None
+        if entry is None:
+            configs.append(config)
             continue
-        name, options = registry.parse_hook_spec(spec)
-        entry = registry.get(name)
+        options = config.state_options
         if entry.kind == registry.COMPRESSOR:
-            configs.append(base.replace(hook=name, state_options=options, wrapper="no"))
+            configs.append(config.replace(wrapper="no"))
         elif entry.power_sgd:
             options = {"start_powerSGD_iter": args.start_iter, **options}
-            ranks = (
-                [options.pop("matrix_approximation_rank")]
-                if "matrix_approximation_rank" in options
-                else args.matrix_rank
-            )
-            configs += [
-                base.replace(hook=name, state_options={"matrix_approximation_rank": r, **options}) for r in ranks
-            ]
+            given = options.pop("matrix_approximation_rank", None)
+            ranks = args.matrix_rank if given is None else [given]
+            configs += [config.replace(state_options={"matrix_approximation_rank": r, **options}) for r in ranks]
         else:
-            configs.append(base.replace(hook=name, state_options=options))
+            configs.append(config)
     return configs
 
 
 def _compare(args: argparse.Namespace) -> int:
-    configs = comparison_configs(args)
-    torchrun = under_torchrun()
-    if torchrun:  # the launcher decides the world size, not --world-size or this machine's limits
-        configs = [c.replace(world_size=int(os.environ["WORLD_SIZE"])) for c in configs]
-    choices = [config.check(local=not torchrun) for config in configs]  # every typo, before any process starts
-    if torchrun:
-        from .engine.job import run_experiments
-        from .experiment import assemble_result
-        from .result import ResultSet
+    from .experiment import compare
 
-        per_rank = launch_from_env(run_experiments, configs, choices)  # one process group for every config
-        if per_rank is None:  # not rank 0: rank 0 reports
-            return 0
-        results = ResultSet(
-            assemble_result(c, choice, [runs[i] for runs in per_rank], "torchrun")
-            for i, (c, choice) in enumerate(zip(configs, choices))
-        )
-    else:
-        from .experiment import compare
-
-        results = compare(configs, progress=not args.quiet)
-    print(
-        f"\n{len(configs)} hooks, {configs[0].world_size} ranks, {configs[0].steps} steps of {results[0].env['task']}\n"
-    )
+    # in a terminal the lab starts the ranks; under torchrun they are given (world size included) and
+    # compare runs every config in their one process group, rank 0 reporting
+    results = compare(comparison_configs(args), progress=not args.quiet)
+    if results is None:  # a torchrun rank other than 0
+        return 0
+    first = results[0].config
+    print(f"\n{len(results)} hooks, {first['world_size']} ranks, {first['steps']} steps of {results[0].env['task']}\n")
     print(results.table(formatted=True).to_string())
     notes = results.notes()
     if notes:
@@ -165,7 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=[1, 4],
         help="PowerSGD's matrix_approximation_rank values (the r of P Q^T, not a process rank)",
     )
-    comp.add_argument("--start-iter", type=int, default=2, help="PowerSGD start_powerSGD_iter, with --hooks")
+    comp.add_argument(
+        "--start-iter", type=int, default=SHORT_RUN_START, help="PowerSGD start_powerSGD_iter, with --hooks"
+    )
     comp.add_argument("--model", default="mlp", help="mlp | cnn | lowrank | module:function")
     comp.add_argument("--world-size", type=int, default=2)
     comp.add_argument("--steps", type=int, default=20)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._compat import power_sgd_defaults
 from .engine.config import ExperimentConfig
-from .engine.fsdp2 import fsdp2_job
-from .engine.job import run_experiment
+from .engine.jobs import job_for
 from .hooks.choice import HookChoice
+from .hooks.powersgd import SHORT_RUN_START
 from .launcher import Cluster
 from .launcher.cluster import serialize_task
+from .launcher.torchrun import launch_from_env, under_torchrun
 from .result import Result, ResultSet, from_ranks
 
 __all__ = ["as_config", "assemble_result", "compare", "DEFAULT_COMPARISON", "run"]
@@ -22,9 +23,9 @@ DEFAULT_COMPARISON: list[Any] = [
     "allreduce",
     "fp16",
     "bf16",
-    {"hook": "power_sgd", "state_options": {"matrix_approximation_rank": 1, "start_powerSGD_iter": 2}},
-    {"hook": "power_sgd", "state_options": {"matrix_approximation_rank": 4, "start_powerSGD_iter": 2}},
-    {"hook": "batched_power_sgd", "state_options": {"matrix_approximation_rank": 4, "start_powerSGD_iter": 2}},
+    f"power_sgd[matrix_approximation_rank=1,start_powerSGD_iter={SHORT_RUN_START}]",
+    f"power_sgd[matrix_approximation_rank=4,start_powerSGD_iter={SHORT_RUN_START}]",
+    f"batched_power_sgd[matrix_approximation_rank=4,start_powerSGD_iter={SHORT_RUN_START}]",
     "noop",
 ]
 
@@ -32,7 +33,9 @@ StepCallback = Callable[[int, dict], None]
 
 
 def as_config(item: Any, base: ExperimentConfig) -> ExperimentConfig:
-    """A hook name, a dict of changes to ``base``, or a full ExperimentConfig."""
+    """A line-up item as a config: a full ExperimentConfig, a dict of changes to ``base``, or a hook as
+    :func:`commhooks_lab.hooks.choice.as_choice` reads it (a name, ``"topk[ratio=0.05]"``, your function,
+    a compressor object); ExperimentConfig splits a spec into hook and state_options."""
     if isinstance(item, ExperimentConfig):
         return item
     if isinstance(item, dict):
@@ -41,22 +44,11 @@ def as_config(item: Any, base: ExperimentConfig) -> ExperimentConfig:
 
 
 def _never_compressed_note(config: ExperimentConfig, choice: HookChoice, result: Result) -> str | None:
-    """PowerSGD that never compressed measures plain allreduce: say so, and why."""
-    if not choice.is_power_sgd() or result.steps["compressing"].any():
+    """A hook that never compressed measured plain allreduce: say so, and why (its registry record knows)."""
+    entry = choice.entry
+    if entry is None or entry.never_compressed is None or result.steps["compressing"].any():
         return None
-    options = {**power_sgd_defaults(), **choice.options}
-    start = options["start_powerSGD_iter"]
-    if start >= config.steps:
-        default = " (PyTorch's default)" if "start_powerSGD_iter" not in choice.options else ""
-        why = (
-            f"start_powerSGD_iter={start}{default} >= steps={config.steps}, and PowerSGD runs plain "
-            "allreduce before that step"
-        )
-        fix = "Set state_options={'start_powerSGD_iter': 2} (Accelerate: comm_state_option) to compress."
-    else:
-        rate = options["min_compression_rate"]
-        why = f"no gradient matrix passed min_compression_rate={rate} at this rank"
-        fix = "Lower min_compression_rate or matrix_approximation_rank to compress."
+    why, fix = entry.never_compressed(choice.options, config.steps)
     return f"{choice.hook} never compressed in {config.steps} steps: {why}. Every number here is plain allreduce. {fix}"
 
 
@@ -85,7 +77,7 @@ class _Progress:
 
 def _task(config: ExperimentConfig, choice: HookChoice) -> bytes:
     """The run as the bytes the ranks receive: a hook that cannot travel is refused here, before any rank starts."""
-    return serialize_task(fsdp2_job if config.api == "fsdp2" else run_experiment, (config, choice))
+    return serialize_task(job_for(config), (config, choice))
 
 
 def _run_checked(
@@ -168,15 +160,20 @@ def compare(
     on_step: StepCallback | None = None,
     **changes,
 ) -> ResultSet:
-    """Run several hooks (names, dicts of changes, or configs) on the same task, one after another.
+    """Run several hooks (names, ``"topk[ratio=0.05]"`` specs, dicts of changes, or configs) on the same
+    task, one after another.
 
     Every config is checked before any rank runs. The runs go to the session's warm ranks, to
     ``cluster``, or with ``fresh=True`` to new ranks (started once per world size, stopped at the end).
+    Under torchrun the ranks are given: every rank calls ``compare``, the configs run in its one
+    process group (the world size is torchrun's), and rank 0 gets the results, the others ``None``.
     """
     base = (base or ExperimentConfig()).replace(**changes)
     configs = [as_config(item, base) for item in (DEFAULT_COMPARISON if items is None else items)]
     if not configs:
         raise ValueError("compare needs at least one hook or config")
+    if under_torchrun():
+        return _compare_under_torchrun(configs, cluster, fresh)  # type: ignore[return-value]
     choices = [config.check() for config in configs]
     tasks = [_task(config, choice) for config, choice in zip(configs, choices)]
     results = ResultSet()
@@ -187,3 +184,20 @@ def compare(
         for config, choice, task in zip(configs, choices, tasks):
             results.append(_run_checked(config, choice, task, ranks, bar))
     return results
+
+
+def _compare_under_torchrun(configs: list[ExperimentConfig], cluster: Cluster | None, fresh: bool) -> ResultSet | None:
+    """Every config in this torchrun process group; rank 0 assembles the results."""
+    if cluster is not None or fresh:
+        raise ValueError("under torchrun the ranks are given: drop cluster= and fresh=")
+    from .engine.jobs import run_experiments
+
+    configs = [c.replace(world_size=int(os.environ["WORLD_SIZE"])) for c in configs]
+    choices = [config.check(local=False) for config in configs]  # every typo, before the first collective
+    per_rank = launch_from_env(run_experiments, configs, choices)
+    if per_rank is None:  # not rank 0: rank 0 reports
+        return None
+    return ResultSet(
+        assemble_result(config, choice, [runs[i] for runs in per_rank], "torchrun")
+        for i, (config, choice) in enumerate(zip(configs, choices))
+    )

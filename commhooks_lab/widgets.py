@@ -37,19 +37,6 @@ def _figure_png(fig, dpi: int = 80) -> bytes:
     return buffer.getvalue()
 
 
-#: Options the dashboard shows with other starting values than PyTorch's: PowerSGD compresses
-#: from step 2 (its default, 1000, would never compress in a short run).
-DASHBOARD_DEFAULTS = {"start_powerSGD_iter": 2, "min_compression_rate": 2.0}
-#: State options left to code: rarely what a learner explores.
-DASHBOARD_HIDDEN = {
-    "orthogonalization_epsilon",
-    "random_seed",
-    "compression_stats_logging_frequency",
-    "batch_tensors_with_same_shape",
-    "seed",
-}
-
-
 def _option_widget(name: str, default, style: dict) -> w.Widget:
     """A control for one state option, by the type of its default."""
     if isinstance(default, bool):
@@ -145,17 +132,18 @@ class HookLab:
         except Exception as exc:  # a table we could not make must not break the dashboard
             self.unavailable.value = f"<i>could not try PyTorch's other hooks: {html.escape(str(exc))}</i>"
 
-    def _shown_options(self) -> list[str]:
-        defaults = registry.get(self.hook.value).defaults()
-        return [name for name in defaults if name not in DASHBOARD_HIDDEN]
+    def _shown_options(self) -> dict:
+        """The entry's dashboard options and starting values (its record says; default: all, short-run values)."""
+        entry = registry.get(self.hook.value)
+        return entry.dashboard_options() if entry.dashboard_options else entry.short_run_options(entry.defaults())
 
     def _sync_visibility(self, *_):
         entry = registry.get(self.hook.value)
-        defaults = {**entry.defaults(), **DASHBOARD_DEFAULTS}
-        for name in self._shown_options():
+        shown = self._shown_options()
+        for name, start in shown.items():
             if name not in self.options:
-                self.options[name] = _option_widget(name, defaults[name], self._style)
-        self.options_box.children = [self.options[name] for name in self._shown_options()]
+                self.options[name] = _option_widget(name, start, self._style)
+        self.options_box.children = [self.options[name] for name in shown]
         takes_wrapper = entry.kind == registry.HOOK and entry.name != "no"
         self.wrapper.disabled = not takes_wrapper
         if not takes_wrapper:

@@ -10,41 +10,63 @@ import pytest
 import commhooks_lab as lab
 from commhooks_lab import cli
 from commhooks_lab.hooks import registry
+from commhooks_lab.hooks.choice import parse_spec
 from commhooks_lab.hooks.compressors import Compressor
+from commhooks_lab.hooks.traffic import allreduced, numel
 
 PACKAGE = Path(lab.__file__).parent
 
 
 def toy_hook(state, bucket):
-    """Halve, then average: a hook whose result differs from allreduce's in a way a test can see."""
+    """Divide, then average: a hook whose result differs from allreduce's in a way a test can see."""
     import torch.distributed as dist
 
-    tensor = bucket.buffer().div_(2 * dist.get_world_size())
+    tensor = bucket.buffer().div_(state["divide"] * dist.get_world_size())
     return dist.all_reduce(tensor, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def toy_traffic(shapes, buckets, options):
+    return allreduced(4 * sum(numel(s) for s in shapes), buckets)
 
 
 @pytest.fixture
 def toy_registered():
+    """A hook with one state option, a byte rule and overlap: every fact in its one record."""
     entry = registry.register(
-        registry.HookEntry("toy_half", registry.HOOK, "averages, then halves", build=lambda o, pg: (toy_hook, pg))
+        registry.HookEntry(
+            "toy_half",
+            registry.HOOK,
+            "divides by `divide`, then averages",
+            build=lambda options, pg: (toy_hook, {"divide": 2.0, **options}),
+            defaults=lambda: {"divide": 2.0},
+            traffic=toy_traffic,
+            overlaps_backward=True,
+        )
     )
     yield entry
     registry.unregister("toy_half")
 
 
 def test_one_registration_reaches_every_place_that_offers_hooks(toy_registered):
-    assert "toy_half" in set(lab.available_hooks()["name"])
+    availability = lab.available_hooks().set_index("name")
+    assert availability.loc["toy_half", "what_it_does"] == "divides by `divide`, then averages"
     assert "toy_half" in _compare_help()
-    args = cli.build_parser().parse_args(["compare", "--hooks", "toy_half", "fp16"])
-    assert [c.hook for c in cli.comparison_configs(args)] == ["toy_half", "fp16"]
+    args = cli.build_parser().parse_args(["compare", "--hooks", "toy_half[divide=4.0]", "fp16"])
+    configs = cli.comparison_configs(args)
+    assert [(c.hook, c.state_options) for c in configs] == [("toy_half", {"divide": 4.0}), ("fp16", {})]
     board = lab.HookLab()
     try:
         assert "toy_half" in board.hook.options
         board.hook.value = "toy_half"
-        assert board.options_box.children == ()
+        assert [(c.description, c.value) for c in board.options_box.children] == [("divide", 2.0)]
+        assert board.config().state_options == {"divide": 2.0}
     finally:
         board.close()
-    assert lab.ExperimentConfig(hook="toy_half").check().entry is toy_registered
+    assert lab.ExperimentConfig(hook="toy_half[divide=3]").check().entry is toy_registered
+    assert lab.network.rule_traffic([(3, 4), (4,)], "toy_half")["allreduce_bytes"] == 64
+    assert "toy_half" in lab.network.ASYNCHRONOUS and "power_sgd" not in lab.network.ASYNCHRONOUS
+    with pytest.raises(ValueError, match="no byte rule for hook 'ring16'"):
+        lab.network.rule_traffic([(3, 4)], "ring16")
 
 
 def _compare_help() -> str:
@@ -53,10 +75,22 @@ def _compare_help() -> str:
     return sub.choices["compare"].format_help()
 
 
-def test_a_registered_hook_runs_in_the_ranks_and_is_measured(toy_registered):
-    result = lab.run(hook="toy_half", steps=2)
-    assert result.name == "toy_half"
-    assert result.steps["rel_error"].iloc[-1] == pytest.approx(0.5, abs=1e-6)  # half the exact average
+def test_a_registered_hook_runs_from_a_spec_and_follows_its_byte_rule(toy_registered):
+    halved, quartered = lab.compare(["toy_half", "toy_half[divide=4.0]"], steps=3)
+    assert halved.name == quartered.name == "toy_half" and quartered.config["state_options"] == {"divide": 4.0}
+    assert halved.steps["rel_error"].iloc[-1] == pytest.approx(0.5, abs=1e-6)  # half the exact average
+    assert quartered.steps["rel_error"].iloc[-1] == pytest.approx(0.75, abs=1e-6)
+    shapes = lab.network.parameter_shapes(lab.models.build_task("mlp", 0).model)
+    measured = {k: v for k, v in lab.network.traffic(halved).items() if k != "overlaps_backward"}
+    assert measured == {k: v for k, v in toy_traffic(shapes, 1, {}).items()}
+    assert lab.network.traffic(halved)["overlaps_backward"] is True
+
+
+def test_compare_takes_the_same_specs_as_the_command_line():
+    (run,) = lab.compare(["topk[ratio=0.05,error_feedback=true]"], steps=2, measure=False)
+    assert run.config["hook"] == "topk" and run.config["state_options"] == {"ratio": 0.05, "error_feedback": True}
+    with pytest.raises(ValueError, match="say each option once"):
+        lab.ExperimentConfig(hook="topk[ratio=0.05]", state_options={"ratio": 0.1})
 
 
 def test_registry_refuses_duplicates_and_malformed_entries():
@@ -106,7 +140,7 @@ def test_the_cli_offers_compressors_wrappers_and_the_accelerate_path():
     assert [c.name for c in cli.comparison_configs(args)] == ["power_sgd r1", "power_sgd r3"]
     assert {c.api for c in cli.comparison_configs(args)} == {"accelerate"}
     with pytest.raises(ValueError, match="key=value"):
-        registry.parse_hook_spec("topk[ratio]")
+        parse_spec("topk[ratio]")
 
 
 def test_no_deprecated_names_remain():

@@ -10,6 +10,7 @@ import torch.distributed as dist
 import commhooks_lab as lab
 from commhooks_lab import ExperimentConfig
 from commhooks_lab.hooks import registry
+from commhooks_lab.hooks.choice import as_choice
 from commhooks_lab.hooks.contract import bucket_tensor, completed_future
 from commhooks_lab.studies.compile_matrix import MODES, compile_compatibility, default_lineup
 
@@ -62,9 +63,9 @@ def test_compiled_autograd_hands_hooks_a_tuple(matrix):
 def test_the_registry_says_which_hooks_compile_as_the_matrix_found(matrix):
     """Every registered hook, compressor and wrapper: not_compilable is set exactly where the run failed."""
     rows = matrix.xs("compiled_autograd", level="mode")
-    choices = {lab.studies.compile_matrix.as_choice(item).name: item for item in default_lineup()}
+    choices = {as_choice(item).name: item for item in default_lineup()}
     for name, item in choices.items():
-        choice = lab.studies.compile_matrix.as_choice(item)
+        choice = as_choice(item)
         declared = [
             e.not_compilable for e in (choice.entry, choice.wrapper_entry) if e is not None and e.not_compilable
         ]
@@ -75,7 +76,7 @@ def test_the_registry_says_which_hooks_compile_as_the_matrix_found(matrix):
 
 def test_the_zoo_runs_under_compiled_autograd_and_deterministic_compressors_match_eager(matrix):
     for entry in registry.entries(registry.COMPRESSOR):
-        name = lab.studies.compile_matrix.as_choice(entry.name).name
+        name = as_choice(entry.name).name
         row = matrix.loc[(name, "compiled_autograd")]
         assert row["runs"], f"{name}: {row['error']}"
     for name in ("topk 1%", "sign", "int8 per-channel", "wire16_sum32 bfloat16", "ring16 bfloat16"):

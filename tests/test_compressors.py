@@ -195,7 +195,7 @@ def test_the_compressor_hook_makes_every_tensor_on_the_gradients_device(zoo_clus
 
 def test_a_reused_error_feedback_object_starts_each_run_from_zero(zoo_cluster):
     """Two runs in one rank process with one compressor object (as under torchrun): the second starts from zero."""
-    from commhooks_lab.engine.job import run_experiments
+    from commhooks_lab.engine.jobs import run_experiments
 
     config = lab.ExperimentConfig(hook=ErrorFeedback(TopK(0.01)), steps=3)
     choice = config.check()
@@ -214,6 +214,8 @@ RULES = [
     ("power_sgd", {"matrix_approximation_rank": 2}),
     ("power_sgd", {"matrix_approximation_rank": 5}),  # the MLP's 10 x 128 layer switches to plain all-reduce
     ("power_sgd", {"matrix_approximation_rank": 22}),  # no matrix is worth compressing: all plain
+    ("batched_power_sgd", {"matrix_approximation_rank": 2}),  # the bucket as one square matrix
+    ("noop", {}),
     ("topk", {"ratio": 0.01, "error_feedback": True}),
     ("randomk", {"ratio": 0.05}),
     ("sign", {"error_feedback": True}),
@@ -268,7 +270,7 @@ def test_rule_for_refuses_runs_it_cannot_name(rule_runs):
     with pytest.raises(ValueError, match="registry name"):
         netmodel.rule_for(hookless)
     with pytest.raises(ValueError, match="no byte rule"):
-        netmodel.rule_traffic([(4, 4)], "batched_power_sgd")
+        netmodel.rule_traffic([(4, 4)], "wire16_sum32")
 
 
 def test_architectures_have_the_published_parameter_counts():

@@ -1,6 +1,7 @@
 """FSDP2 measured like DDP: reduce_dtype chosen by the DDP hook name, the same metrics, the bytes per collective."""
 
 import pytest
+import torch
 
 import commhooks_lab as lab
 
@@ -42,11 +43,15 @@ def test_fsdp2_moves_other_bytes_than_ddp_and_says_why(side_by_side):
     assert any("reduce-scattered" in n for n in fsdp2.by_name("fp16").notes)
 
 
-def test_the_config_offers_exactly_the_reduce_dtypes_the_worker_knows():
-    from commhooks_lab.engine.config import FSDP2_HOOKS
-    from commhooks_lab.engine.fsdp2 import REDUCE_DTYPES
+def test_the_fsdp2_hooks_and_their_dtypes_come_from_the_registry():
+    from commhooks_lab.engine.config import fsdp2_hooks
+    from commhooks_lab.engine.fsdp2 import reduce_dtype
 
-    assert set(FSDP2_HOOKS) == set(REDUCE_DTYPES)
+    assert fsdp2_hooks() == ["allreduce", "fp16", "bf16"]
+    dtypes = [reduce_dtype(lab.ExperimentConfig(api="fsdp2", hook=name).check()) for name in fsdp2_hooks()]
+    assert dtypes == [torch.float32, torch.float16, torch.bfloat16]
+    with pytest.raises(ValueError, match="names a reduce_dtype"):
+        reduce_dtype(lab.ExperimentConfig(hook="power_sgd").check())
 
 
 def test_fsdp2_refuses_what_it_cannot_do():

@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..hooks.choice import HookChoice, check_hook_choice
+from ..hooks import registry
+from ..hooks.choice import HookChoice, check_hook_choice, split_spec
 from ..launcher.options import DEFAULT_TIMEOUT_S, check_common_options, check_launch_options
 from .models import resolve_task_factory
 
-__all__ = ["COMPILE_BACKEND", "COMPILE_MODES", "ExperimentConfig", "FSDP2_HOOKS"]
+__all__ = ["COMPILE_BACKEND", "COMPILE_MODES", "ExperimentConfig", "fsdp2_hooks"]
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 APIS = ("torch", "accelerate", "fsdp2")
@@ -89,6 +90,7 @@ class ExperimentConfig:
     resume_hook_state: bool = True  # False: restore everything but the hook's memory (what a plain resume does)
 
     def __post_init__(self) -> None:
+        self.hook, self.state_options = split_spec(self.hook, self.state_options)  # "topk[ratio=0.05]"
         for name in ("checkpoint_dir", "resume_from"):
             if getattr(self, name) is not None:
                 setattr(self, name, os.fspath(getattr(self, name)))
@@ -182,8 +184,9 @@ class ExperimentConfig:
         return out
 
 
-#: The DDP hook names api='fsdp2' maps to a reduce_dtype (commhooks_lab.engine.fsdp2.REDUCE_DTYPES).
-FSDP2_HOOKS = ("allreduce", "fp16", "bf16")
+def fsdp2_hooks() -> list[str]:
+    """The hook names api='fsdp2' maps to a reduce_dtype (``HookEntry.fsdp2_reduce_dtype``)."""
+    return [e.name for e in registry.entries(registry.HOOK) if e.fsdp2_reduce_dtype is not None]
 
 
 def _check_compile(config: ExperimentConfig, choice: HookChoice) -> None:
@@ -209,16 +212,14 @@ def _check_compile(config: ExperimentConfig, choice: HookChoice) -> None:
 
 
 def _check_fsdp2(choice: HookChoice) -> None:
-    if choice.entry is None or choice.entry.name not in FSDP2_HOOKS or choice.wrapper != "no" or choice.options:
+    if choice.entry is None or choice.entry.fsdp2_reduce_dtype is None or choice.wrapper != "no" or choice.options:
         raise ValueError(
-            f"api='fsdp2' takes hook in {list(FSDP2_HOOKS)}: the dtype FSDP2 reduces gradients in "
+            f"api='fsdp2' takes hook in {fsdp2_hooks()}: the dtype FSDP2 reduces gradients in "
             f"(MixedPrecisionPolicy(reduce_dtype=...)), no wrapper and no state_options; got {choice.name}"
         )
 
 
 def _check_accelerate(choice: HookChoice) -> None:
-    from ..hooks import registry
-
     if choice.entry is None or choice.entry.accelerate is None:
         named = [e.name for e in registry.entries(registry.HOOK) if e.accelerate is not None]
         raise ValueError(

@@ -22,10 +22,16 @@ import time
 import torch
 import torch.distributed as dist
 
-__all__ = ["fsdp2_job", "REDUCE_DTYPES"]
+__all__ = ["fsdp2_job", "reduce_dtype"]
 
-#: DDP hook name -> the FSDP2 reduce_dtype that does the same arithmetic on the gradients.
-REDUCE_DTYPES = {"allreduce": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+def reduce_dtype(choice) -> torch.dtype:
+    """The FSDP2 reduce_dtype that does the DDP hook's arithmetic on the gradients (its registry record says)."""
+    entry = getattr(choice, "entry", None)
+    name = getattr(entry, "fsdp2_reduce_dtype", None)
+    if name is None:
+        raise ValueError(f"api='fsdp2' takes a hook whose registry record names a reduce_dtype, got {choice!r}")
+    return getattr(torch, name)
 
 
 def _shard(model: torch.nn.Module, reduce_dtype: torch.dtype) -> None:
@@ -51,10 +57,10 @@ def _errors(h: torch.Tensor, exact: torch.Tensor) -> dict:
     return errors_from_sums(float(diff @ diff), float(exact @ exact), float(h @ h), float(diff.abs().max()))
 
 
-def fsdp2_job(ctx, config, choice=None) -> dict:
+def fsdp2_job(ctx, config, choice) -> dict:
     """Worker: train ``config.steps`` steps with FSDP2 and measure each one; rank 0 returns the tables.
 
-    ``choice`` (the checked hook choice) is accepted for the same call shape as ``run_experiment``.
+    ``choice`` (the checked hook choice, the same call shape as ``run_experiment``) names the reduce_dtype.
     """
     from ..measure.payload import PayloadCounter
     from .data import rank_batches
@@ -62,13 +68,11 @@ def fsdp2_job(ctx, config, choice=None) -> dict:
     from .job import accuracy, param_digest, run_environment
     from .models import build_task
 
-    hook = config.hook if isinstance(config.hook, str) else ""
-    if hook not in REDUCE_DTYPES:
-        raise ValueError(f"api='fsdp2' takes hook in {sorted(REDUCE_DTYPES)} (the reduce_dtype), got {config.hook!r}")
+    dtype = reduce_dtype(choice)
     task = build_task(config.model, config.seed)
     local = copy.deepcopy(task.model)  # unsharded copy: each rank's own gradient, as DDP's probe sees it
     model = task.model
-    _shard(model, REDUCE_DTYPES[hook])
+    _shard(model, dtype)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
     names = [n for n, _ in local.named_parameters()]
     batches = rank_batches(task.train, ctx.rank, ctx.world_size, config.batch_size, config.seed)
@@ -107,7 +111,7 @@ def fsdp2_job(ctx, config, choice=None) -> dict:
             "ring_bytes": counted[2],
             "uncompressed_bytes": g.numel() * 4,
             "step_time_s": elapsed,
-            "compressing": REDUCE_DTYPES[hook] != torch.float32,
+            "compressing": dtype != torch.float32,
             **_errors(h, exact),
             **{f"{op}_bytes": n for op, n in counted[0].items()},
         }
@@ -128,7 +132,7 @@ def fsdp2_job(ctx, config, choice=None) -> dict:
         "steps": steps,
         "layers": layers,
         "notes": [
-            f"fsdp2: fully_shard with MixedPrecisionPolicy(reduce_dtype={REDUCE_DTYPES[hook]}); gradients are "
+            f"fsdp2: fully_shard with MixedPrecisionPolicy(reduce_dtype={dtype}); gradients are "
             "reduce-scattered (each rank keeps 1/W of the mean) and parameters all-gathered for forward and backward, "
             "so its bytes per step are not DDP's all-reduce bytes."
         ],

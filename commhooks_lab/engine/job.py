@@ -17,7 +17,7 @@ from .config import ExperimentConfig
 from .ddp_setup import setup_torch_ddp
 from .models import build_task
 
-__all__ = ["accuracy", "param_digest", "quiet_dynamo", "run_environment", "run_experiment", "run_experiments"]
+__all__ = ["accuracy", "param_digest", "quiet_dynamo", "run_environment", "run_experiment"]
 
 
 def param_digest(model: torch.nn.Module) -> str:
@@ -181,10 +181,3 @@ def run_environment(ctx, task) -> dict:
         "device": str(ctx.device),
         "task": task.description,
     }
-
-
-def run_experiments(ctx, configs: list[ExperimentConfig], choices: list[HookChoice] | None = None) -> list[dict]:
-    """Several experiments in one process group (under torchrun, where re-joining is costly)."""
-    if choices is None:
-        return [run_experiment(ctx, config) for config in configs]
-    return [run_experiment(ctx, config, choice) for config, choice in zip(configs, choices)]

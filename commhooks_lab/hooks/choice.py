@@ -18,7 +18,50 @@ from .._util import import_object
 from . import registry
 from .registry import HookEntry
 
-__all__ = ["build_hook", "check_hook_choice", "HookChoice"]
+__all__ = ["as_choice", "build_hook", "check_hook_choice", "HookChoice", "parse_spec", "split_spec"]
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """``"topk[ratio=0.05,error_feedback=true]"`` -> ("topk", {"ratio": 0.05, "error_feedback": True}).
+
+    One way to name state options in a line-up, on the command line or in a config; values are read as
+    bool, int, float, else text.
+    """
+    name, bracket, rest = spec.partition("[")
+    if not bracket:
+        return spec, {}
+    if not rest.endswith("]"):
+        raise ValueError(f"{spec!r}: options go in one pair of brackets, e.g. 'topk[ratio=0.05,error_feedback=true]'")
+    options = {}
+    for item in filter(None, rest[:-1].split(",")):
+        key, eq, raw = item.partition("=")
+        if not eq:
+            raise ValueError(f"{spec!r}: write each option as key=value, got {item!r}")
+        options[key.strip()] = _parse_value(raw.strip())
+    return name.strip(), options
+
+
+def _parse_value(raw: str) -> Any:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def split_spec(hook: Any, state_options: dict | None = None) -> tuple[Any, dict]:
+    """A ``"name[key=value,...]"`` hook as (name, its options merged into ``state_options``); others as given."""
+    options = dict(state_options or {})
+    if not (isinstance(hook, str) and "[" in hook):
+        return hook, options
+    name, spec_options = parse_spec(hook)
+    both = sorted(set(spec_options) & set(options))
+    if both:
+        raise ValueError(f"{hook!r} and state_options both set {both}: say each option once")
+    return name, {**spec_options, **options}
 
 
 def _normalize(value: Any) -> Any:
@@ -105,9 +148,6 @@ class HookChoice:
     def options(self) -> dict:
         return dict(self.state_options)
 
-    def is_power_sgd(self) -> bool:
-        return self.entry is not None and self.entry.power_sgd
-
 
 def check_hook_choice(
     hook: Any = "allreduce",
@@ -118,8 +158,8 @@ def check_hook_choice(
     """Validate before any process starts; every message says what to do instead."""
     from .compressors import Compressor, compressor_hook, make_state
 
-    hook, wrapper = _normalize(hook), _normalize(wrapper)
-    options = dict(state_options or {})
+    hook, options = split_spec(_normalize(hook), state_options)
+    wrapper = _normalize(wrapper)
     wrapper_entry = registry.get("no" if wrapper is None else wrapper, registry.WRAPPER)
     if isinstance(hook, Compressor):
         if wrapper_entry.name != "no":
@@ -177,3 +217,26 @@ def build_hook(choice: HookChoice, process_group=None) -> tuple[Callable | None,
     if choice.wrapper_entry is not None and choice.wrapper_entry.wrap is not None:
         hook = choice.wrapper_entry.wrap(hook)
     return hook, state
+
+
+#: The fields of ExperimentConfig that say which hook runs.
+HOOK_FIELDS = ("hook", "wrapper", "state_options", "state_factory")
+
+
+def as_choice(item: Any) -> HookChoice:
+    """One line-up item: a name, a ``"topk[ratio=0.05]"`` spec, a dict of the hook fields, your hook
+    function, a compressor object, or a HookChoice. ``run``/``compare`` read the same items
+    (through ExperimentConfig, which splits a spec the same way)."""
+    if isinstance(item, HookChoice):
+        return item
+    if isinstance(item, dict):
+        unknown = set(item) - set(HOOK_FIELDS)
+        if unknown:
+            raise ValueError(f"a hook dict takes {', '.join(HOOK_FIELDS)}; got {sorted(unknown)}")
+        return check_hook_choice(
+            item.get("hook", "allreduce"),
+            item.get("wrapper", "no"),
+            item.get("state_options"),
+            item.get("state_factory"),
+        )
+    return check_hook_choice(item)

@@ -1,15 +1,20 @@
-"""The hook registry: one record per hook, compressor family and wrapper. Add a hook here.
+"""The hook registry: one record per hook, compressor family and wrapper, the one place hook facts live.
 
 Everything that offers or checks a hook reads this: ``available_hooks()``, the dashboard's
-dropdowns, the CLI's choices, ``ExperimentConfig.check()``, the Accelerate path and the
-notes a run carries. Names follow Accelerate's ``DDPCommunicationHookType`` values (``no``,
-``fp16``, ``bf16``, ``power_sgd``, ``batched_power_sgd``) plus ``allreduce`` and ``noop``;
-compressor families (``topk``, ``sign``, ...) take their parameter and ``error_feedback`` as
-state options. To add your own::
+dropdowns and starting values, the CLI's and ``compare``'s specs, ``ExperimentConfig.check()``,
+the Accelerate and FSDP2 paths, the network model's byte rules and overlap, and the notes a run
+carries. The records themselves live one family per file, as PyTorch's ``ddp_comm_hooks/``:
+:mod:`.default` (PyTorch's default and debugging hooks, the wrappers), :mod:`.powersgd`,
+:mod:`.zoo` (the lab's compressors and 16-bit ring hooks). Names follow Accelerate's
+``DDPCommunicationHookType`` values (``no``, ``fp16``, ``bf16``, ``power_sgd``, ``batched_power_sgd``)
+plus ``allreduce`` and ``noop``; compressor families (``topk``, ``sign``, ...) take their parameter
+and ``error_feedback`` as state options. To add your own, one record is all it takes::
 
     lab.registry.register(lab.registry.HookEntry(
         name="my_hook", kind="hook", summary="what it does",
-        build=lambda options, process_group: (my_hook, process_group)))
+        build=lambda options, process_group: (my_hook, process_group),
+        traffic=lambda shapes, buckets, options: ...,  # optional: its byte rule for the network model
+    ))
 
 A record travels to the ranks with the run (by value, so one defined in a notebook works).
 """
@@ -18,11 +23,11 @@ from __future__ import annotations
 
 import difflib
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _compat
+from .traffic import Shape, Traffic
 
 __all__ = [
     "check_options",
@@ -31,7 +36,6 @@ __all__ = [
     "hook_names",
     "HookEntry",
     "key",
-    "parse_hook_spec",
     "register",
     "unregister",
     "wrapper_names",
@@ -58,11 +62,24 @@ class HookEntry:
     needs: str = ""  # what it needs beyond gloo on CPU to register as written
     power_sgd: bool = False  # a PowerSGD variant: compresses only from start_powerSGD_iter on
     prepare: Callable[[], Any] | None = None  # run in the rank before the hook is registered (any api)
+    prepared: Callable[[], bool] | None = None  # whether prepare() has run in this process
     rank_note: Callable[[], str | None] | None = None  # a note only the rank can tell, after build
     not_compilable: str = ""  # why it cannot run under compiled autograd (empty: it takes the (grad, param) form)
+    #: the byte rule: (parameter shapes, buckets, state options) -> what one rank hands to collectives
+    #: in a step where it compresses (None: no rule; the network model says so)
+    traffic: Callable[[Sequence[Shape], int, dict], Traffic] | None = None
+    overlaps_backward: bool = False  # starts its collective and returns: DDP hides it behind backward
+    fsdp2_reduce_dtype: str | None = None  # the torch dtype api='fsdp2' reduces in for this name
+    short_run: Callable[[], dict] = dict  # what the lab's short runs set unless told (PowerSGD: start at step 2)
+    dashboard_options: Callable[[], dict] | None = None  # the options the dashboard shows, starting values
+    never_compressed: Callable[[dict, int], tuple[str, str]] | None = None  # (options, steps) -> (why, fix)
 
     def options_with_defaults(self, options: dict) -> dict:
         return {**self.defaults(), **options}
+
+    def short_run_options(self, options: dict) -> dict:
+        """``options`` over the lab's short-run defaults: what the CLI, dashboard and matrices run."""
+        return {**self.short_run(), **options}
 
 
 _REGISTRY: dict[str, HookEntry] = {}
@@ -143,354 +160,3 @@ def check_options(entry: HookEntry, options: dict) -> None:
             raise ValueError(f"{entry.name} option {key} must be a number, got {value!r}")
     if entry.check is not None:
         entry.check(options)
-
-
-def parse_hook_spec(spec: str) -> tuple[str, dict]:
-    """``"topk[ratio=0.05,error_feedback=true]"`` -> ("topk", {"ratio": 0.05, "error_feedback": True}).
-
-    The command line's way to pass state options; values are read as bool, int, float, else text.
-    """
-    name, bracket, rest = spec.partition("[")
-    if not bracket:
-        return spec, {}
-    if not rest.endswith("]"):
-        raise ValueError(f"{spec!r}: options go in one pair of brackets, e.g. 'topk[ratio=0.05,error_feedback=true]'")
-    options = {}
-    for item in filter(None, rest[:-1].split(",")):
-        key, eq, raw = item.partition("=")
-        if not eq:
-            raise ValueError(f"{spec!r}: write each option as key=value, got {item!r}")
-        options[key.strip()] = _parse_value(raw.strip())
-    return name.strip(), options
-
-
-def _parse_value(raw: str) -> Any:
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
-
-
-# -- PyTorch's hooks ---------------------------------------------------------------------------------
-
-
-def _default_hook(attribute: str) -> Builder:
-    def build(options: dict, process_group: Any) -> tuple:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        return getattr(default_hooks, attribute), process_group
-
-    return build
-
-
-def _wrapper(attribute: str) -> Callable[[Callable], Callable]:
-    def wrap(hook: Callable) -> Callable:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        return getattr(default_hooks, attribute)(hook)
-
-    return wrap
-
-
-def _build_noop(options: dict, process_group: Any) -> tuple:
-    from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks
-
-    return debugging_hooks.noop_hook, process_group
-
-
-def _build_power_sgd(attribute: str) -> Builder:
-    def build(options: dict, process_group: Any) -> tuple:
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-
-        return getattr(powerSGD_hook, attribute), powerSGD_hook.PowerSGDState(process_group=process_group, **options)
-
-    return build
-
-
-def _check_power_sgd_options(options: dict) -> None:
-    """PowerSGDState's own rules, said before any process starts."""
-    rank = options.get("matrix_approximation_rank", 1)
-    if not isinstance(rank, int) or rank < 1:
-        raise ValueError(
-            f"matrix_approximation_rank must be an int >= 1, got {rank!r}: it is the matrix rank r "
-            "of the approximation P Q^T"
-        )
-    start = options.get("start_powerSGD_iter", _compat.power_sgd_defaults()["start_powerSGD_iter"])
-    if not isinstance(start, int) or start < 0:
-        raise ValueError(f"start_powerSGD_iter must be an int >= 0, got {start!r}")
-    ef, warm = options.get("use_error_feedback", True), options.get("warm_start", True)
-    if (ef or warm) and start <= 1:
-        raise ValueError(
-            f"start_powerSGD_iter={start} with use_error_feedback={ef} and warm_start={warm}: PyTorch refuses this "
-            "(ValueError in PowerSGDState). DDP rebuilds its gradient buckets after the first iteration, so the "
-            "error and P/Q tensors remembered per bucket would no longer fit. Use start_powerSGD_iter >= 2, or "
-            "turn both use_error_feedback and warm_start off."
-        )
-    if options.get("min_compression_rate", 2) < 0:
-        raise ValueError(f"min_compression_rate must be a number >= 0, got {options['min_compression_rate']!r}")
-
-
-def _power_sgd_run_name(name: str) -> Callable[[dict], str]:
-    """``power_sgd r4``, plus the switches that are off: matrix rank and switches tell runs apart."""
-
-    def run_name(options: dict) -> str:
-        text = f"{name} r{options.get('matrix_approximation_rank', 1)}"
-        if not options.get("use_error_feedback", True):
-            text += " no EF"
-        if not options.get("warm_start", True):
-            text += " no warm start"
-        return text
-
-    return run_name
-
-
-BATCHED_POWER_SGD_NOTE = (
-    "batched_power_sgd: PyTorch's batched_powerSGD_hook hands a 2-D matrix to _orthogonalize, which "
-    "asserts a 3-D batch (a bare AssertionError on CPU and GPU alike). The lab lets _orthogonalize treat a "
-    "2-D matrix as a batch of one (a view: the same numbers in place); 3-D inputs, PowerSGD's own, are "
-    "untouched."
-)
-
-#: Why PyTorch's bucket hooks cannot run under compiled autograd (DDP then calls hook(state, (grad, param))).
-READS_BUCKET = (
-    "PyTorch's {} calls bucket.buffer(), and under compiled autograd DDP passes the tuple (param.grad, param) "
-    "instead of a GradBucket"
-)
-POWER_SGD_NEEDS_BUCKETS = (
-    "PowerSGD works on whole buckets: bucket.index() keys its error feedback and warm-start memory and "
-    "bucket.is_last() counts its steps, and under compiled autograd DDP passes one (param.grad, param) at a time"
-)
-WRAPPER_SETS_BUFFER = (
-    "{} calls bucket.set_buffer() to cast the bucket, and under compiled autograd DDP passes the tuple "
-    "(param.grad, param) instead of a GradBucket"
-)
-
-#: DDP checks a bf16 hook's *name* at registration and refuses it on other builds (gloo reduces bf16 fine).
-BF16_NEEDS = "CUDA 11+ and NCCL 2.10+ (or XPU with XCCL)"
-
-
-def _batched_note() -> str | None:
-    return BATCHED_POWER_SGD_NOTE if _compat.batched_fix_active() else None
-
-
-def _register_pytorch_hooks() -> None:
-    register(
-        HookEntry(
-            "no",
-            HOOK,
-            "DDP's built-in C++ allreduce (no hook registered)",
-            build=lambda options, process_group: (None, None),
-            accelerate="no",
-        )
-    )
-    register(
-        HookEntry(
-            "allreduce",
-            HOOK,
-            "PyTorch's Python allreduce_hook: the exact average, as a hook",
-            build=_default_hook("allreduce_hook"),
-            not_compilable=READS_BUCKET.format("allreduce_hook"),
-        )
-    )
-    register(
-        HookEntry(
-            "fp16",
-            HOOK,
-            "cast to float16, divide by world size, allreduce, cast back",
-            build=_default_hook("fp16_compress_hook"),
-            accelerate="fp16",
-        )
-    )
-    register(
-        HookEntry(
-            "bf16",
-            HOOK,
-            "cast to bfloat16, divide by world size, allreduce, cast back",
-            build=_default_hook("bf16_compress_hook"),
-            accelerate="bf16",
-            needs=BF16_NEEDS,
-        )
-    )
-    for name, attribute, summary in (
-        (
-            "power_sgd",
-            "powerSGD_hook",
-            "matrix-rank-r approximation P Q^T of each gradient matrix (Vogels et al. 2019)",
-        ),
-        ("batched_power_sgd", "batched_powerSGD_hook", "PowerSGD on the whole bucket viewed as one square matrix"),
-    ):
-        batched = name == "batched_power_sgd"
-        register(
-            HookEntry(
-                name,
-                HOOK,
-                summary,
-                build=_build_power_sgd(attribute),
-                defaults=_compat.power_sgd_defaults,
-                check=_check_power_sgd_options,
-                run_name=_power_sgd_run_name(name),
-                accelerate=name,
-                power_sgd=True,
-                prepare=_compat.patch_batched_orthogonalize if batched else None,
-                rank_note=_batched_note if batched else None,
-                not_compilable=POWER_SGD_NEEDS_BUCKETS,
-            )
-        )
-    register(
-        HookEntry(
-            "noop",
-            HOOK,
-            "no communication: every rank keeps its own gradient (breaks DDP's invariant)",
-            build=_build_noop,
-            not_compilable=READS_BUCKET.format("noop_hook"),
-        )
-    )
-    register(HookEntry("no", WRAPPER, "no wrapper", wrap=lambda hook: hook, accelerate="no"))
-    register(
-        HookEntry(
-            "fp16",
-            WRAPPER,
-            "cast the bucket to float16 around any hook",
-            wrap=_wrapper("fp16_compress_wrapper"),
-            accelerate="fp16",
-            not_compilable=WRAPPER_SETS_BUFFER.format("fp16_compress_wrapper"),
-        )
-    )
-    register(
-        HookEntry(
-            "bf16",
-            WRAPPER,
-            "cast the bucket to bfloat16 around any hook",
-            wrap=_wrapper("bf16_compress_wrapper"),
-            accelerate="bf16",
-            needs=BF16_NEEDS,
-            not_compilable=WRAPPER_SETS_BUFFER.format("bf16_compress_wrapper"),
-        )
-    )
-
-
-# -- the lab's compressor zoo -------------------------------------------------------------------------
-
-
-def _compressor_entry(
-    name: str,
-    summary: str,
-    make: Callable[..., Any],
-    parameter: tuple[str, float] | None,
-    check: Callable[[dict], None] | None = None,
-) -> HookEntry:
-    extra = dict([parameter]) if parameter else {}
-
-    def defaults() -> dict:
-        return {**extra, "error_feedback": False, "seed": 0}
-
-    def compressor(options: dict):
-        from .compressors import ErrorFeedback
-
-        options = {**defaults(), **options}
-        inner = make(**{k: options[k] for k in extra})
-        return ErrorFeedback(inner) if options["error_feedback"] else inner
-
-    def build(options: dict, process_group: Any) -> tuple:
-        from .compressors import CompressorState, compressor_hook
-
-        return compressor_hook, CompressorState(compressor(options), process_group, seed=options.get("seed", 0))
-
-    def check_all(options: dict) -> None:
-        if check is not None:
-            check(options)
-        compressor(options)  # the compressor's own constructor refuses bad parameters
-
-    return HookEntry(
-        name,
-        COMPRESSOR,
-        summary,
-        build=build,
-        defaults=defaults,
-        check=check_all,
-        run_name=lambda options: compressor(options).name,
-    )
-
-
-def _register_compressors() -> None:
-    from . import compressors as c
-
-    for name, summary, make, parameter in (
-        ("topk", "the k = ratio x numel largest entries, values and int32 indices", c.TopK, ("ratio", 0.01)),
-        (
-            "randomk",
-            "k random entries from a seed every rank shares; values only, all-reduced",
-            c.RandomK,
-            ("ratio", 0.01),
-        ),
-        (
-            "sign",
-            "sign(x) x mean|x|: one bit per entry plus one float (EF-SignSGD with error_feedback)",
-            c.ScaledSign,
-            None,
-        ),
-        (
-            "qsgd",
-            "QSGD: norm, sign and a level stochastically rounded to s levels, one byte per entry",
-            c.QSGD,
-            ("levels", 16),
-        ),
-        ("terngrad", "TernGrad: max|x| times a random sign in {-1, 0, 1}, one byte per entry", c.TernGrad, None),
-        ("int8", "8-bit affine codes with a float32 minimum and step per output channel", c.Int8PerChannel, None),
-    ):
-        register(_compressor_entry(name, summary, make, parameter))
-
-
-def _build_wire16(attribute: str) -> Builder:
-    def build(options: dict, process_group: Any) -> tuple:
-        import torch
-
-        from . import low_precision as low_precision_hooks
-
-        dtype = getattr(torch, options.get("dtype", "bfloat16"))
-        return getattr(low_precision_hooks, attribute), low_precision_hooks.Wire16State(dtype, process_group)
-
-    return build
-
-
-def _check_wire16_dtype(options: dict) -> None:
-    if options.get("dtype", "bfloat16") not in ("bfloat16", "float16"):
-        raise ValueError(f"dtype must be 'bfloat16' or 'float16' (the format on the wire), got {options['dtype']!r}")
-
-
-def _dtype_run_name(name: str) -> Callable[[dict], str]:
-    def run_name(options: dict) -> str:
-        return f"{name} {options.get('dtype', 'bfloat16')}"
-
-    return run_name
-
-
-def _register_low_precision_hooks() -> None:
-    for name, attribute, summary in (
-        ("ring16", "ring_hook", "the bf16/fp16 hook's arithmetic summed hop by hop on a ring, as NCCL rounds it"),
-        (
-            "wire16_sum32",
-            "wire16_sum32_hook",
-            "16-bit values on the wire, float32 sums: the ring's bytes, an error that stays flat as ranks are added",
-        ),
-    ):
-        register(
-            HookEntry(
-                name,
-                HOOK,
-                summary,
-                build=_build_wire16(attribute),
-                defaults=lambda: {"dtype": "bfloat16"},
-                check=_check_wire16_dtype,
-                run_name=_dtype_run_name(name),
-            )
-        )
-
-
-_register_pytorch_hooks()
-_register_low_precision_hooks()
-_register_compressors()

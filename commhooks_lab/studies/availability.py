@@ -130,32 +130,33 @@ def _try_entry(entry) -> dict:
     from .. import _compat
     from ..hooks import registry
 
-    options: dict[str, Any] = {"start_powerSGD_iter": 2} if entry.power_sgd else {}
+    options = entry.options_with_defaults(entry.short_run())
+    before_patch = None
     if entry.kind == registry.WRAPPER:
         build, wrap = registry.get("allreduce").build, entry.wrap
         assert build is not None and wrap is not None  # register() guarantees both
         hook, state = build({}, None)
         hook = wrap(hook)
     else:
-        before_patch = None
-        if entry.name == "batched_power_sgd" and not _compat.batched_fix_active():
+        assert entry.build is not None  # register() guarantees it
+        build = entry.build
+        if entry.prepare is not None and entry.prepared is not None and not entry.prepared():
 
-            def unpatched() -> None:
-                from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as p
-
+            def unprepared() -> None:
                 model = _ddp()
-                model.register_comm_hook(p.PowerSGDState(None, **options), p.batched_powerSGD_hook)
+                bare_hook, bare_state = build(options, None)
+                model.register_comm_hook(bare_state, bare_hook)
                 _steps(model)
 
-            before_patch = _try(unpatched)
+            before_patch = _try(unprepared)
         if entry.prepare is not None:
             entry.prepare()
-        hook, state = entry.build(entry.options_with_defaults(options), None)
+        hook, state = build(options, None)
     notes = []
-    if entry.name == "batched_power_sgd" and before_patch:
+    if before_patch:
         notes.append(
-            f"PyTorch's hook alone fails here ({before_patch}); it runs with the lab's fix, which lets "
-            "_orthogonalize take a 2-D matrix as a batch of one"
+            f"PyTorch's hook alone fails here ({before_patch}); "
+            "it runs with the lab's fix, which every run of it applies first"
         )
     if hook is None:  # DDP's built-in allreduce
         error = _try(lambda: _steps(_ddp()))

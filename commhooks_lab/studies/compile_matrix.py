@@ -22,34 +22,14 @@ from typing import Any
 
 from ..engine.job import quiet_dynamo
 from ..hooks import registry
-from ..hooks.choice import HookChoice, build_hook, check_hook_choice
+from ..hooks.choice import HookChoice, as_choice, build_hook
 
-__all__ = ["as_choice", "compile_compatibility", "default_lineup", "MODES", "STEPS", "torch_source"]
+__all__ = ["compile_compatibility", "default_lineup", "MODES", "STEPS", "torch_source"]
 
 MODES = ("eager", "ddp_optimizer", "compiled_autograd")
 #: Steps per case: PowerSGD (start_powerSGD_iter=2) compresses in the last, error feedback has memory.
 STEPS = 3
 _CACHE: dict[tuple, Any] = {}
-
-
-def as_choice(item: Any) -> HookChoice:
-    """A registered name (``"topk[ratio=0.05]"`` too), a dict of ExperimentConfig's hook fields, or your hook."""
-    if isinstance(item, HookChoice):
-        return item
-    if isinstance(item, dict):
-        unknown = set(item) - {"hook", "wrapper", "state_options", "state_factory"}
-        if unknown:
-            raise ValueError(f"a hook dict takes hook, wrapper, state_options, state_factory; got {sorted(unknown)}")
-        return check_hook_choice(
-            item.get("hook", "allreduce"),
-            item.get("wrapper", "no"),
-            item.get("state_options"),
-            item.get("state_factory"),
-        )
-    if isinstance(item, str) and "[" in item:
-        name, options = registry.parse_hook_spec(item)
-        return check_hook_choice(name, state_options=options)
-    return check_hook_choice(item)
 
 
 def default_lineup() -> list[Any]:
@@ -68,8 +48,8 @@ def _one_case(choice: HookChoice, mode: str, backend: str, seed: int = 0):
 
     from .. import _compat
 
-    if choice.is_power_sgd() and "start_powerSGD_iter" not in choice.options:
-        choice = replace(choice, state_options=tuple(sorted({**choice.options, "start_powerSGD_iter": 2}.items())))
+    if choice.entry is not None:
+        choice = replace(choice, state_options=tuple(sorted(choice.entry.short_run_options(choice.options).items())))
     torch._dynamo.reset()
     switch = _compat.optimize_ddp("python_reducer" if mode == "compiled_autograd" else "ddp_optimizer")
     with switch, quiet_dynamo():

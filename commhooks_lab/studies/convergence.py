@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ..experiment import compare
+from ..hooks.powersgd import SHORT_RUN_START
 from ..result import Result, ResultSet
 
 __all__ = ["convergence_study", "convergence_summary", "diverged", "headroom_study", "payoff_lineup", "power_sgd"]
@@ -24,7 +25,9 @@ __all__ = ["convergence_study", "convergence_summary", "diverged", "headroom_stu
 HEADROOM_LINEUP = ("no", "allreduce", "noop", "fp16")
 
 
-def power_sgd(matrix_rank: int, error_feedback: bool = True, warm_start: bool = True, start: int = 2) -> dict:
+def power_sgd(
+    matrix_rank: int, error_feedback: bool = True, warm_start: bool = True, start: int = SHORT_RUN_START
+) -> dict:
     """A PowerSGD run that compresses from step ``start``; error feedback and warm start are separate switches."""
     return {
         "hook": "power_sgd",

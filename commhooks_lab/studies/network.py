@@ -18,6 +18,8 @@ import pandas as pd
 import torch
 from torch import nn
 
+from ..hooks import registry
+from ..hooks.traffic import Shape, bucket_count, numel
 from ..result import Result
 
 __all__ = [
@@ -55,94 +57,36 @@ ASSUMPTIONS = (
     "a GPU's are far lower, which raises every break-even bandwidth in proportion)",
 )
 
-#: PyTorch's hooks that start their collective and return at once, so DDP can overlap them with backward.
-ASYNCHRONOUS = ("allreduce", "no", "fp16", "bf16")
 
-_Shape = tuple[int, ...]
+def __getattr__(name: str) -> Any:
+    """``ASYNCHRONOUS``: the hooks that start their collective and return at once, so DDP can overlap
+    them with backward (``HookEntry.overlaps_backward``, read when asked: a hook you register counts)."""
+    if name == "ASYNCHRONOUS":
+        return tuple(e.name for e in registry.entries(registry.HOOK) if e.overlaps_backward)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_Shape = Shape
+_numel = numel
 
 # -- bytes by rule --------------------------------------------------------------------------------------
-
-
-def _numel(shape: _Shape) -> int:
-    return math.prod(shape)
-
-
-def bucket_count(shapes: Sequence[_Shape], bucket_cap_mb: float | None = None) -> int:
-    """How many buckets DDP fills with float32 gradients of these shapes, after its first step.
-
-    DDP fills buckets in reverse parameter order (about the order gradients become ready) and closes
-    one once it reaches its cap. ``bucket_cap_mb=None`` is DDP's default: 25 MiB, the first bucket
-    1 MiB; a cap you pass applies to every bucket (``torch/nn/parallel/distributed.py``,
-    ``BucketCapacityConfig``). Only the number of collectives depends on it, never the bytes.
-    """
-    caps = [1.0, 25.0] if bucket_cap_mb is None else [bucket_cap_mb, bucket_cap_mb]
-    count, size = 0, 0
-    for shape in reversed(shapes):
-        size += 4 * _numel(shape)
-        if size >= caps[min(count, 1)] * 2**20:
-            count, size = count + 1, 0
-    return count + (size > 0)
-
-
-def _power_sgd_elements(shape: _Shape, matrix_rank: int, min_compression_rate: float) -> int:
-    """Elements PowerSGD all-reduces for one tensor (``_should_compress`` in powerSGD_hook.py)."""
-    rows = shape[0] if shape else 1
-    cols = _numel(shape) // rows
-    r = min(rows, cols, matrix_rank)
-    compressed = (rows + cols) * r
-    return compressed if compressed * min_compression_rate < rows * cols else rows * cols
-
-
-def _per_tensor_gather(
-    shapes: Sequence[_Shape], per_tensor: Callable[[_Shape], int], dtypes: int, buckets: int
-) -> dict:
-    return {
-        "allreduce_bytes": 0.0,
-        "allgather_bytes": float(sum(per_tensor(s) for s in shapes)),
-        "allreduce_calls": 0.0,
-        "allgather_calls": float(dtypes * buckets),
-    }
 
 
 def rule_traffic(shapes: Sequence[_Shape], hook: str, buckets: int | None = None, **options: Any) -> dict:
     """Bytes and collectives one rank hands over in a step where ``hook`` compresses (float32 gradients).
 
-    ``hook`` is a registry name (``allreduce``, ``fp16``, ``bf16``, ``power_sgd``, ``topk``, ``randomk``,
-    ``sign``, ``qsgd``, ``terngrad``, ``int8``) and ``options`` its state options. The tests check
-    these rules against the bytes measured on the lab's models; error feedback changes no byte.
+    ``hook`` is a registry name and ``options`` its state options; the rule is the hook's registry
+    record's (``HookEntry.traffic``), and ``overlaps_backward`` says whether DDP can hide it behind
+    backward. The tests check every rule against the bytes measured on the lab's models; error
+    feedback changes no byte.
     """
+    entry = registry.get(hook)
+    if entry.traffic is None:
+        ruled = [e.name for e in registry.entries(registry.HOOK, registry.COMPRESSOR) if e.traffic is not None]
+        raise ValueError(f"no byte rule for hook {hook!r} (its registry record has none); rules: {ruled}")
     shapes = [tuple(s) for s in shapes]
-    n = sum(_numel(s) for s in shapes)
     buckets = bucket_count(shapes) if buckets is None else buckets
-
-    def allreduce(nbytes: float, calls: int) -> dict:
-        return {"allreduce_bytes": float(nbytes), "allgather_bytes": 0.0, "allreduce_calls": float(calls),
-                "allgather_calls": 0.0}  # fmt: skip
-
-    ratio = options.get("ratio", 0.01)
-    if hook in ("allreduce", "no"):
-        return allreduce(4 * n, buckets)
-    if hook in ("fp16", "bf16"):
-        return allreduce(2 * n, buckets)
-    if hook == "power_sgd":
-        matrix_rank = options.get("matrix_approximation_rank", 1)
-        rate = options.get("min_compression_rate", 2.0)
-        # per bucket: the uncompressed tensors, then all Ps, then all Qs: three all-reduces
-        return allreduce(4 * sum(_power_sgd_elements(s, matrix_rank, rate) for s in shapes), 3 * buckets)
-    if hook == "randomk":
-        return allreduce(4 * sum(max(1, min(_numel(s), math.ceil(ratio * _numel(s)))) for s in shapes), buckets)
-    gathered: dict[str, Callable[[_Shape], int]] = {
-        "topk": lambda s: 8 * max(1, min(_numel(s), math.ceil(ratio * _numel(s)))),  # float32 value, int32 index
-        "sign": lambda s: math.ceil(_numel(s) / 8) + 4,  # 8 signs a byte, a float32 scale per tensor
-        "qsgd": lambda s: _numel(s) + 4,  # int8 level, a float32 norm
-        "terngrad": lambda s: _numel(s) + 4,  # int8 in {-1, 0, 1}, a float32 scale
-        "int8": lambda s: _numel(s) + 8 * (s[0] if len(s) > 1 else 1),  # uint8 codes, float32 min and step per row
-    }
-    if hook in gathered:
-        return _per_tensor_gather(shapes, gathered[hook], 2, buckets)  # two payload dtypes, one gather each
-    raise ValueError(
-        f"no byte rule for hook {hook!r}; rules: allreduce, fp16, bf16, power_sgd, randomk, {sorted(gathered)}"
-    )
+    return {**entry.traffic(shapes, buckets, options), "overlaps_backward": entry.overlaps_backward}
 
 
 def rule_for(result: Result) -> tuple[str, dict]:
@@ -279,15 +223,19 @@ def world_size_sweep(
 
 
 def traffic(result: Result) -> dict:
-    """Mean per-step bytes and calls, measured, over the steps where the hook compressed."""
+    """Mean per-step bytes and calls, measured, over the steps where the hook compressed; whether it
+    overlaps backward comes from its registry record (a hook the registry does not name: it does not)."""
     s = result.compressed_steps()
     gather_bytes = s["allgather_bytes"].mean()
     gather_calls = s["allgather_calls"].mean()
+    hook = result.config.get("hook")
+    names = registry.hook_names()
     return {
         "allreduce_bytes": s["payload_bytes"].mean() - gather_bytes,
         "allgather_bytes": gather_bytes,
         "allreduce_calls": s["collective_calls"].mean() - gather_calls,
         "allgather_calls": gather_calls,
+        "overlaps_backward": hook in names and registry.get(hook).overlaps_backward,
     }
 
 
@@ -307,9 +255,9 @@ def comm_seconds(t: Mapping[str, float], world_size: int, bandwidth_gbps: float,
     return _ring_steps(t, world_size) * latency_us * 1e-6 + link_bytes(t, world_size) * 8 / (bandwidth_gbps * 1e9)
 
 
-def _exposed(name: str, overlap: float) -> float:
-    """The share of a hook's communication that backward does not hide."""
-    return 1.0 - overlap if name in ASYNCHRONOUS else 1.0
+def _hidden(t: Mapping[str, float], overlap: float) -> float:
+    """The share of a hook's communication that backward hides: ``overlap`` if it overlaps at all."""
+    return overlap if t.get("overlaps_backward") else 0.0
 
 
 def network_model(
@@ -333,14 +281,14 @@ def network_model(
     for name, t in traffics.items():
         for w in world_sizes:
             for bw in bandwidths_gbps:
-                comm = comm_seconds(t, w, bw, latency_us) * _exposed(name, overlap)
+                comm = comm_seconds(t, w, bw, latency_us) * (1.0 - _hidden(t, overlap))
                 work = compress_s.get(name, 0.0)
                 rows.append(
                     {
                         "hook": name,
                         "world_size": w,
                         "bandwidth_gbps": bw,
-                        "overlap": overlap if name in ASYNCHRONOUS else 0.0,
+                        "overlap": _hidden(t, overlap),
                         "compress_ms": work * 1e3,
                         "comm_ms": comm * 1e3,
                         "step_ms": (work + comm) * 1e3,
@@ -370,13 +318,13 @@ def break_even(
     """
     compress_s = compress_s or {}
     ref = traffics[baseline]
-    e0, o0 = _exposed(baseline, overlap), compress_s.get(baseline, 0.0)
+    e0, o0 = 1.0 - _hidden(ref, overlap), compress_s.get(baseline, 0.0)
     a = latency_us * 1e-6
     rows = []
     for name, t in traffics.items():
         if name == baseline:
             continue
-        eh, oh = _exposed(name, overlap), compress_s.get(name, 0.0)
+        eh, oh = 1.0 - _hidden(t, overlap), compress_s.get(name, 0.0)
         bits_saved = 8 * (e0 * link_bytes(ref, world_size) - eh * link_bytes(t, world_size))
         cost = oh - o0 + a * (eh * _ring_steps(t, world_size) - e0 * _ring_steps(ref, world_size))
         if bits_saved <= 0:
