@@ -201,7 +201,7 @@ def _takeaway(results: list[Result]) -> str:
     if fewest is closest:
         return f"{fewest['hook']} sends the fewest bytes and keeps the lowest error of the compressing hooks"
     return (
-        f"Fewest bytes: {fewest['hook']} ({fewest['payload_vs_fp32']:.1%} of fp32, rel_error "
+        f"Of the compressing hooks, fewest bytes: {fewest['hook']} ({fewest['payload_vs_fp32']:.1%} of fp32, rel_error "
         f"{fewest['rel_error']:.2g}); lowest error: {closest['hook']} ({closest['payload_vs_fp32']:.0%} of fp32, "
         f"rel_error {closest['rel_error']:.1e})"
     )

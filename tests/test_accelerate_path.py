@@ -58,6 +58,12 @@ def test_hooks_without_an_accelerate_form_are_refused(hook, text):
         lab.run(hook=hook, api="accelerate")
 
 
-def test_a_wrapper_without_a_hook_is_refused_not_silently_ignored():
-    with pytest.raises(ValueError, match="Accelerate silently ignores such a comm_wrapper"):
-        lab.run(hook="no", wrapper="fp16", api="accelerate")
+@pytest.mark.parametrize("api", ["torch", "accelerate"])
+def test_a_wrapper_without_a_hook_is_refused_with_a_fix_that_api_accepts(api):
+    with pytest.raises(ValueError, match="Accelerate silently ignores such a comm_wrapper") as refused:
+        lab.run(hook="no", wrapper="fp16", api=api)
+    suggested = [name for name in ("allreduce", "power_sgd") if f"'{name}'" in str(refused.value)]
+    assert suggested == (["power_sgd"] if api == "accelerate" else ["allreduce", "power_sgd"])
+    for name in suggested:  # each suggestion is one the api then accepts
+        lab.ExperimentConfig(hook=name, wrapper="fp16", api=api, state_options={"start_powerSGD_iter": 2}
+                             if name == "power_sgd" else {}).check()  # fmt: skip

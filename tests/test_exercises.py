@@ -113,6 +113,15 @@ def sign_hook_mean_of_signs(state, bucket):  # plausible and wrong: mean(scale) 
     return future
 
 
+def topk_hook_always_feeding_back(state, bucket):  # plausible and wrong: ignores state["error_feedback"]
+    return compressing_hooks.topk_ef_hook({**state, "error_feedback": True}, bucket)
+
+
+def test_the_topk_hook_check_runs_both_switches(cluster):
+    wrong = compressing_hooks.check_topk_ef_hook(topk_hook_always_feeding_back, cluster=cluster)
+    assert wrong.status == WRONG and "with error_feedback=False" in wrong.message
+
+
 def test_topk_hook_check_on_its_three_paths(cluster):
     assert compressing_hooks.check_topk_ef_hook(topk_hook_stub, cluster=cluster).status == NOT_ATTEMPTED
     wrong = compressing_hooks.check_topk_ef_hook(topk_hook_without_memory, cluster=cluster)

@@ -28,8 +28,8 @@ RIGHT_OPTIONS = {"matrix_approximation_rank": 2, "start_powerSGD_iter": 3}
 
 
 def test_kwargs_not_attempted(capsys):
-    outcome = ex.check_source_document_kwargs(stub)
-    assert outcome.status == NOT_ATTEMPTED and outcome.value is ex.source_document_kwargs
+    outcome = ex.check_combined_kwargs(stub)
+    assert outcome.status == NOT_ATTEMPTED and outcome.value is ex.combined_kwargs
     assert "not attempted yet" in capsys.readouterr().out
 
 
@@ -49,16 +49,16 @@ def test_kwargs_not_attempted(capsys):
     ],
 )
 def test_kwargs_wrong_attempts_get_a_hint(attempt, says):
-    outcome = ex.check_source_document_kwargs(attempt)
+    outcome = ex.check_combined_kwargs(attempt)
     assert outcome.status == WRONG and says in outcome.message, outcome.message
-    assert outcome.value is ex.source_document_kwargs
+    assert outcome.value is ex.combined_kwargs
 
 
 def test_kwargs_right():
     attempt = kwargs(**RIGHT_OPTIONS, min_compression_rate=2)  # naming a default explicitly is fine
-    outcome = ex.check_source_document_kwargs(attempt)
+    outcome = ex.check_combined_kwargs(attempt)
     assert outcome.status == RIGHT and outcome.value is attempt
-    assert ex.check_source_document_kwargs(ex.source_document_kwargs).status == RIGHT
+    assert ex.check_combined_kwargs(ex.combined_kwargs).status == RIGHT
 
 
 def run(errors):

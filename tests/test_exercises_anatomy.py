@@ -48,6 +48,12 @@ def divide_in_half_after(state, bucket):  # right, written differently: divide t
     return future.then(lambda fut: fut.value()[0].div_(dist.get_world_size()).float())
 
 
+def divide_by_two_after(state, bucket):  # plausible and wrong: right on two ranks only
+    buffer = bucket.buffer()
+    future = dist.all_reduce(buffer.half(), async_op=True).get_future()
+    return future.then(lambda fut: fut.value()[0].div_(2).float())
+
+
 def raises_inside(state, bucket):
     raise ValueError("boom")
 
@@ -66,6 +72,9 @@ def test_divide_after_check_on_its_three_paths(cluster, capsys):
     broken = anatomy.check_fp16_divide_after(raises_inside, cluster=cluster)
     assert broken.status == WRONG and "boom" in broken.message
     assert outcome.value is divides_first.value is anatomy.fp16_divide_after
+
+    two = anatomy.check_fp16_divide_after(divide_by_two_after, cluster=cluster)
+    assert two.status == WRONG and "On 3 ranks" in two.message and "dist.get_world_size()" in two.message
 
     right = anatomy.check_fp16_divide_after(divide_in_half_after, cluster=cluster)
     assert right.status == RIGHT and right.value is divide_in_half_after

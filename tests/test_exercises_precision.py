@@ -1,5 +1,8 @@
 """Notebook 3's exercise checks on their three paths: not attempted, wrong (plausible mistakes), right."""
 
+import functools
+import operator
+
 import pytest
 import torch
 
@@ -59,8 +62,27 @@ def returns_half(local_grads, dtype):
     return sum(g.to(dtype) / len(local_grads) for g in local_grads)
 
 
-def stacked(local_grads, dtype):  # right, written differently
+def divide_then_cast(local_grads, dtype):  # plausible and wrong: divides in float32 before the cast
+    return functools.reduce(operator.add, [(g / len(local_grads)).to(dtype) for g in local_grads]).float()
+
+
+def by_two(local_grads, dtype):  # plausible and wrong: right for the notebook's two ranks only
+    return functools.reduce(operator.add, [g.to(dtype) / 2 for g in local_grads]).float()
+
+
+def reversed_ranks(local_grads, dtype):  # plausible and wrong: adds the last rank first
+    total = None
+    for g in reversed(local_grads):
+        total = g.to(dtype) / len(local_grads) if total is None else total + g.to(dtype) / len(local_grads)
+    return total.float()
+
+
+def stacked(local_grads, dtype):  # plausible and wrong on three ranks: torch.sum accumulates in float32
     return torch.stack([g.to(dtype) / len(local_grads) for g in local_grads]).sum(0).to(torch.float32)
+
+
+def folded(local_grads, dtype):  # right, written differently
+    return functools.reduce(operator.add, [g.to(dtype) / len(local_grads) for g in local_grads]).to(torch.float32)
 
 
 @pytest.mark.parametrize(
@@ -73,6 +95,10 @@ def stacked(local_grads, dtype):  # right, written differently
         (always_half, "use the dtype argument"),
         (returns_half, "casts the sum back to float32"),
         (lambda grads, dtype: simulate_then_nudge(grads, dtype), "differs from the hook's"),
+        (divide_then_cast, "divided before casting"),
+        (by_two, "divided by 2"),
+        (reversed_ranks, "reverse order"),
+        (stacked, "one by one"),
     ],
 )
 def test_simulate_check_names_each_mistake(wrong, hint):
@@ -90,8 +116,8 @@ def test_simulate_check_on_the_other_two_paths(capsys):
     outcome = precision.check_simulate_compress(stub)
     assert outcome.status == NOT_ATTEMPTED and outcome.value is precision.simulate_compress
     assert "not attempted yet" in capsys.readouterr().out
-    outcome = precision.check_simulate_compress(stacked)
-    assert outcome.status == RIGHT and outcome.value is stacked
+    outcome = precision.check_simulate_compress(folded)
+    assert outcome.status == RIGHT and outcome.value is folded
 
 
 def test_the_reference_rounds_each_rank_then_the_sum():

@@ -31,6 +31,7 @@ def test_the_curriculum_is_all_there():
         "when_compression_pays_off",
         "precision_at_scale",
         "hooks_in_the_real_world",
+        "from_lab_to_production",
     ]
     names = [p.stem for p in NOTEBOOKS]
     assert len(names) == len(topics) and all(topic in name for topic, name in zip(topics, names))

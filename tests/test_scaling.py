@@ -79,7 +79,12 @@ def test_the_registry_offers_the_new_hooks_and_fsdp2s_hook_points():
         "set_force_sum_reduction_for_comms",
         "set_custom_reduce_scatter",
     } <= set(points.index)
-    assert points["runs_here"].all() and (points["needs"] != "").all()
+    assert (points["needs"] != "").all()
+    # a point that was only looked up never reads as running; the others ran on a one-rank model and say so
+    assert not points.loc["set_custom_reduce_scatter", "runs_here"]
+    assert "not called" in points.loc["set_custom_reduce_scatter", "note"]
+    stepped = points.drop("set_custom_reduce_scatter")
+    assert stepped["runs_here"].all() and stepped["note"].str.contains("one-rank").all()
     wire = lab.run(hook="wire16_sum32", state_options={"dtype": "float16"}, steps=1)
     assert wire.name == "wire16_sum32 float16" and 0 < wire.steps["rel_error"].iloc[0] <= 2**-10
     with pytest.raises(ValueError, match="'bfloat16' or 'float16'"):

@@ -106,7 +106,7 @@ class ExperimentConfig:
                 "state_options must be a dict of option names to values, e.g. {'matrix_approximation_rank': 2}, "
                 f"got {self.state_options!r}"
             )
-        choice = check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory)
+        choice = check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory, self.api)
         resolve_task_factory(self.model)
         if local:
             check_launch_options(self.world_size, self.backend, self.timeout_s, "spawn")

@@ -14,12 +14,12 @@ from . import Outcome, check_function, check_prediction, reference
 
 __all__ = [
     "check_fp16_wrapper_prediction",
-    "check_source_document_kwargs",
+    "check_combined_kwargs",
     "fp16_wrapper_effect",
-    "source_document_kwargs",
+    "combined_kwargs",
 ]
 
-#: The exercise: the source document's configuration, compressing from this step on (steps count from 0).
+#: The exercise: the guide's two Accelerate examples combined, compressing from this step on (steps count from 0).
 MATRIX_RANK = 2
 FIRST_COMPRESSED_STEP = 3
 #: A per-step rel_error ratio within this band of 1 counts as "about the same".
@@ -29,8 +29,8 @@ CHOICES = ("lower", "about the same", "higher")
 # -- references -------------------------------------------------------------------------------------
 
 
-@reference("source_document_kwargs")
-def source_document_kwargs():
+@reference("combined_kwargs")
+def combined_kwargs():
     """PowerSGD of matrix rank 2 inside the FP16 wrapper, compressing from step 3 on."""
     from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
 
@@ -67,16 +67,16 @@ def _verify_kwargs(fn) -> str | None:
             "another hook); it would register the plain FP16 hook and ignore POWER_SGD."
         )
     if kwargs.comm_hook != Hook.POWER_SGD:
-        return f"comm_hook={kwargs.comm_hook} is not the hook the source document compresses with."
+        return f"comm_hook={kwargs.comm_hook} is not the hook both of the guide's examples compress with."
     if kwargs.comm_wrapper != Hook.FP16:
-        return f"comm_wrapper={kwargs.comm_wrapper}: the source document wraps PowerSGD in another hook type."
+        return f"comm_wrapper={kwargs.comm_wrapper}: the guide's comm_wrapper example wraps PowerSGD in another type."
     options = dict(kwargs.comm_state_option)
     defaults = power_sgd_defaults()
     unknown = sorted(set(options) - set(defaults))
     if unknown:
         return f"PowerSGDState takes no {unknown}: comm_state_option holds PowerSGDState's keyword arguments."
     if options.get("matrix_approximation_rank", defaults["matrix_approximation_rank"]) != MATRIX_RANK:
-        return f"PowerSGD's matrix rank should be {MATRIX_RANK}, as in the source document's comm_state_option example."
+        return f"PowerSGD's matrix rank should be {MATRIX_RANK}, as in the guide's comm_state_option example."
     start = options.get("start_powerSGD_iter", defaults["start_powerSGD_iter"])
     if start != FIRST_COMPRESSED_STEP:
         return (
@@ -90,14 +90,14 @@ def _verify_kwargs(fn) -> str | None:
         if k not in ("matrix_approximation_rank", "start_powerSGD_iter") and v != defaults[k]
     )
     if changed:
-        return f"the source document keeps PowerSGD's other defaults; you changed {changed}."
+        return f"the guide keeps PowerSGD's other defaults; you changed {changed}."
     return None
 
 
-def check_source_document_kwargs(attempt) -> Outcome:
-    """``source_document_kwargs() -> DistributedDataParallelKwargs`` for the exercise's configuration."""
+def check_combined_kwargs(attempt) -> Outcome:
+    """``combined_kwargs() -> DistributedDataParallelKwargs`` for the exercise's configuration."""
     return check_function(
-        "source_document_kwargs",
+        "combined_kwargs",
         attempt,
         _verify_kwargs,
         f"PowerSGD of matrix rank {MATRIX_RANK} inside the FP16 wrapper, compressing from step "

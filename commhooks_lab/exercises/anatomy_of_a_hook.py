@@ -170,11 +170,22 @@ def _verify_divide_after(hook, cluster=None, world_size: int = 2) -> str | None:
     )
 
 
+def _verify_on_two_world_sizes(hook, cluster=None) -> str | None:
+    """On the notebook's ranks, then on 3 fresh ones: a hook that divides by a hard-coded 2 fails the second."""
+    problem = _verify_divide_after(hook, cluster)
+    if problem is None and (cluster is None or cluster.world_size != 3):
+        problem = _verify_divide_after(hook, None, world_size=3)
+        if problem is not None:
+            problem = f"On 3 ranks: {problem} (divide by dist.get_world_size(), not by a number)"
+    return problem
+
+
 def check_fp16_divide_after(attempt, cluster=None) -> Outcome:
-    """Run your hook inside DDP on two ranks, on ordinary, huge and tiny gradients, next to the reference."""
+    """Your hook inside DDP on two ranks, then three, on ordinary, huge and tiny gradients, beside the reference."""
     return check_function(
         "fp16_divide_after",
         attempt,
-        lambda fn: _verify_divide_after(fn, cluster),
-        "Bit for bit the reference on ordinary, huge and tiny gradients, float16 on the wire, the ranks agree.",
+        lambda fn: _verify_on_two_world_sizes(fn, cluster),
+        "Bit for bit the reference on ordinary, huge and tiny gradients, on 2 and 3 ranks, float16 on the wire, "
+        "the ranks agree.",
     )

@@ -86,13 +86,16 @@ def simulate_compress(local_grads: list[torch.Tensor], dtype: torch.dtype) -> to
 
 
 def _test_inputs() -> list[list[torch.Tensor]]:
-    """Two ranks' gradients on which each usual mistake changes at least one bit of the result."""
+    """Ranks' gradients (two, and once three) on which each usual mistake changes at least one bit of the result."""
     gen = torch.Generator().manual_seed(3)
     ordinary = [torch.randn(256, generator=gen) * 0.01 for _ in range(2)]
     cancelling = [ordinary[0][:64], -ordinary[0][:64] * (1 + 2.0**-9)]  # g0 + g1 ~ 0: the sum is all rounding
     tiny = [torch.tensor([2.0**-24, 3 * 2.0**-24, 1e-6, 3e-5]), torch.tensor([2.0**-24, 2.0**-24, 2e-6, 1e-5])]
     huge = [torch.tensor([40000.0, 3.0e38, 1.0]), torch.tensor([40000.0, 3.0e38, 1.0])]
-    return [ordinary, cancelling, tiny, huge]
+    # a float16-normal value whose half is subnormal: cast-then-divide and divide-then-cast round differently
+    halved = [torch.tensor([1029.4 * 2.0**-24, 1.0]), torch.tensor([1029.4 * 2.0**-24, 1.0])]
+    three = [torch.tensor([1.0, 0.1]), torch.tensor([2.0**-11, 0.2]), torch.tensor([2.0**-11, 0.3])]  # W = 3, order
+    return [ordinary, cancelling, tiny, huge, halved, three]
 
 
 def _cast_once(grads: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
@@ -115,6 +118,29 @@ def _sum_in_float32(grads: list[torch.Tensor], dtype: torch.dtype) -> torch.Tens
     return sum(g.to(dtype).div(len(grads)).float() for g in grads)  # type: ignore[return-value]
 
 
+def _divide_then_cast(grads: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    return _sum_sent([(g / len(grads)).to(dtype) for g in grads])
+
+
+def _sum_sent(sent: list[torch.Tensor]) -> torch.Tensor:
+    total = sent[0]
+    for part in sent[1:]:
+        total = total + part
+    return total.to(torch.float32)
+
+
+def _by_two(grads: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    return _sum_sent([g.to(dtype).div_(2) for g in grads])
+
+
+def _reversed_order(grads: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    return _sum_sent([g.to(dtype).div_(len(grads)) for g in reversed(grads)])
+
+
+def _stack_sum(grads: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    return torch.stack([g.to(dtype).div_(len(grads)) for g in grads]).sum(0).float()
+
+
 _MISTAKES: list[tuple[str, Callable[[list[torch.Tensor], torch.dtype], torch.Tensor]]] = [
     (
         "You rounded once, after averaging in high precision. The hook has no exact mean to round: each rank "
@@ -127,6 +153,18 @@ _MISTAKES: list[tuple[str, Callable[[list[torch.Tensor], torch.dtype], torch.Ten
         _divide_after,
     ),
     ("Your result is W times the mean: divide each rank's part by W.", _no_divide),
+    (
+        "You divided before casting; the hook casts each rank's gradient to the 16-bit format first, then divides "
+        "there (buffer.to(dtype).div_(world_size)).",
+        _divide_then_cast,
+    ),
+    ("You divided by 2: divide by W, the number of local gradients you were given.", _by_two),
+    ("You added the ranks in reverse order; add them in rank order, 0 first.", _reversed_order),
+    (
+        "torch.sum over a stack of 16-bit tensors adds in float32 and rounds once; the all-reduce rounds after every "
+        "addition: add the ranks one by one.",
+        _stack_sum,
+    ),
     (
         "You summed in float32. The all-reduce adds 16-bit tensors, so each addition rounds to the 16-bit format too.",
         _sum_in_float32,
@@ -160,10 +198,12 @@ def _verify_simulate(fn) -> str | None:
 
 
 def check_simulate_compress(attempt) -> Outcome:
-    """``simulate_compress(local_grads, dtype)`` against the reference, bit for bit, on fixed two-rank inputs."""
+    """``simulate_compress(local_grads, dtype)`` against the reference, bit for bit, on fixed inputs of two and
+    three ranks."""
     return check_function(
         "simulate_compress",
         attempt,
         _verify_simulate,
-        "Bit for bit the hook's arithmetic in float16 and bfloat16, on ordinary, cancelling, tiny and huge values.",
+        "Bit for bit the hook's arithmetic in float16 and bfloat16, on ordinary, cancelling, tiny and huge values, "
+        "and on three ranks.",
     )

@@ -123,8 +123,8 @@ def check_topk(attempt) -> Outcome:
     return check_function("topk", attempt, _verify_topk, "25 values at their indices, the 25 largest magnitudes.")
 
 
-def _compare_runs(attempt, ref, state_factory, steps: int, cluster, what: str) -> str | None:
-    a, b = run_beside_reference(attempt, ref, state_factory, steps, cluster)
+def _compare_runs(attempt, ref, state_factory, steps: int, cluster, what: str, **changes: Any) -> str | None:
+    a, b = run_beside_reference(attempt, ref, state_factory, steps, cluster, **changes)
     if (a["rank_spread"] != 0).any():
         return "the ranks disagree after your hook: every rank must decode the same payloads the same way."
     if (a["payload_bytes"] != b["payload_bytes"]).any():
@@ -147,13 +147,27 @@ def _compare_runs(attempt, ref, state_factory, steps: int, cluster, what: str) -
     return None
 
 
+def _compare_both_switches(fn, cluster, steps: int) -> str | None:
+    """With error feedback (the default state), then without: a hook that ignores the switch fails the second."""
+    problem = _compare_runs(fn, topk_ef_hook, topk_state, steps, cluster, "top-k of gradient + residual")
+    if problem is None:
+        problem = _compare_runs(
+            fn, topk_ef_hook, topk_state, steps, cluster, "top-k of the gradient alone",
+            state_options={"error_feedback": False},
+        )  # fmt: skip
+        if problem is not None:
+            problem = f"with error_feedback=False, {problem} Keep no residual when state['error_feedback'] is False."
+    return problem
+
+
 def check_topk_ef_hook(attempt, cluster=None, steps: int = 6) -> Outcome:
-    """Run your hook and the reference on the same data: same bytes, same error every step."""
+    """Run your hook and the reference on the same data, error feedback on and off: same bytes, same error."""
     return check_function(
         "topk_ef_hook",
         attempt,
-        lambda fn: _compare_runs(fn, topk_ef_hook, topk_state, steps, cluster, "top-k of gradient + residual"),
-        f"Same bytes and the same error as the reference at every one of {steps} steps; the ranks agree.",
+        lambda fn: _compare_both_switches(fn, cluster, steps),
+        f"Same bytes and the same error as the reference at every one of {steps} steps, error feedback on and off; "
+        "the ranks agree.",
     )
 
 

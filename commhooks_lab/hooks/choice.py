@@ -52,11 +52,13 @@ def _parse_value(raw: str) -> Any:
     return raw
 
 
-def split_spec(hook: Any, state_options: dict | None = None) -> tuple[Any, dict]:
+def split_spec(hook: Any, state_options: Any = None) -> tuple[Any, Any]:
     """A ``"name[key=value,...]"`` hook as (name, its options merged into ``state_options``); others as given."""
-    options = dict(state_options or {})
     if not (isinstance(hook, str) and "[" in hook):
-        return hook, options
+        return hook, state_options  # as given: the config's own check says what is wrong with it
+    if state_options is not None and not isinstance(state_options, dict):
+        raise TypeError(f"state_options must be a dict, got {type(state_options).__name__}")
+    options = dict(state_options or {})
     name, spec_options = parse_spec(hook)
     both = sorted(set(spec_options) & set(options))
     if both:
@@ -154,11 +156,13 @@ def check_hook_choice(
     wrapper: Any = "no",
     state_options: dict | None = None,
     state_factory: Callable | None = None,
+    api: str = "torch",
 ) -> HookChoice:
-    """Validate before any process starts; every message says what to do instead."""
+    """Validate before any process starts; every message says what to do instead (for this ``api``)."""
     from .compressors import Compressor, compressor_hook, make_state
 
     hook, options = split_spec(_normalize(hook), state_options)
+    options = dict(options or {})
     wrapper = _normalize(wrapper)
     wrapper_entry = registry.get("no" if wrapper is None else wrapper, registry.WRAPPER)
     if isinstance(hook, Compressor):
@@ -175,10 +179,11 @@ def check_hook_choice(
         if wrapper_entry.name != "no" and entry.kind == registry.COMPRESSOR:
             raise ValueError(f"the compressor {hook} makes its own payload; drop wrapper={wrapper!r}")
         if wrapper_entry.name != "no" and hook == "no":
+            wrappable = "hook='power_sgd'" if api == "accelerate" else "hook='allreduce' or 'power_sgd'"
             raise ValueError(
                 f"wrapper={wrapper!r} needs a hook to wrap, and hook='no' registers none "
-                "(Accelerate silently ignores such a comm_wrapper). Use hook='allreduce' or "
-                "'power_sgd' with it, or hook=" + repr(wrapper) + " alone."
+                f"(Accelerate silently ignores such a comm_wrapper). Use {wrappable} with it, "
+                f"or hook={wrapper!r} alone."
             )
         registry.check_options(entry, options)
         if state_factory is not None:

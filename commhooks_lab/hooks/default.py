@@ -15,8 +15,10 @@ READS_BUCKET = (
     "PyTorch's {} calls bucket.buffer(), and under compiled autograd DDP passes the tuple (param.grad, param) "
     "instead of a GradBucket"
 )
-#: DDP checks a bf16 hook's *name* at registration and refuses it on other builds (gloo reduces bf16 fine).
-BF16_NEEDS = "CUDA 11+ and NCCL 2.10+ (or XPU with XCCL)"
+#: DDP checks a bf16 hook's *name* at registration (``_check_comm_hook``: ``torch.version.cuda`` or
+#: ``torch.version.hip`` set and NCCL >= 2.10, or XCCL with an XPU present) and refuses it on other builds
+#: (gloo reduces bf16 fine).
+BF16_NEEDS = "a CUDA or ROCm build with NCCL 2.10+ (or XCCL with an XPU device present)"
 
 
 def _default_hook(attribute: str) -> Builder:

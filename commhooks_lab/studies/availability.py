@@ -275,6 +275,13 @@ def _pytorch_only() -> dict[str, dict]:
     return out
 
 
+#: What one step on the availability child's one-rank model shows, and what it cannot.
+ONE_RANK_NOTE = (
+    "one step on a one-rank sharded model, where FSDP2 skips the reduce-scatter: the API works here, "
+    "not that it changes a reduction"
+)
+
+
 def _fsdp2_hook_points() -> dict[str, dict]:
     """FSDP2's places to change gradient communication, each tried on a sharded model for one step."""
     import torch
@@ -322,22 +329,27 @@ def _fsdp2_hook_points() -> dict[str, dict]:
             configured(lambda m: m.set_all_reduce_hook(lambda output: None)),
             "",
         ),
-        "set_custom_reduce_scatter": (
-            "replace the reduce-scatter itself (a ReduceScatter comm object; one param group only)",
-            configured(lambda m: m.set_custom_reduce_scatter),
-            "present on this build; the lab does not exercise a custom reduce-scatter yet",
-        ),
     }
     out = {}
     for name, (what, fn, why) in points.items():
         error = _try(fn)
         out[name] = {
             "runs": error is None,
-            "note": error or why,
+            "note": error or why or ONE_RANK_NOTE,
             "what": what,
             "fsdp2": True,
             "needs": "torch >= 2.6 (FSDP2, fully_shard); any backend",
         }
+    found = hasattr(fully_shard(torch.nn.Linear(2, 2)), "set_custom_reduce_scatter")
+    out["set_custom_reduce_scatter"] = {
+        "runs": False,  # looked up, never called: the lab builds no ReduceScatter comm object
+        "note": "present on this build, not called: the lab builds no custom ReduceScatter"
+        if found
+        else "not on this build",
+        "what": "replace the reduce-scatter itself (a ReduceScatter comm object; one param group only)",
+        "fsdp2": True,
+        "needs": "torch >= 2.6 (FSDP2, fully_shard); any backend",
+    }
     return out
 
 

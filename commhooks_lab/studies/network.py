@@ -54,7 +54,8 @@ ASSUMPTIONS = (
     "and 16-bit hooks (ASYNCHRONOUS); PowerSGD, which chains its collectives and computes between them, is "
     "charged in full",
     "compression work = cost per element x elements, with the costs passed in (measured on this CPU in notebook 8: "
-    "a GPU's are far lower, which raises every break-even bandwidth in proportion)",
+    "a GPU's are far lower; where the compression cost sets the break-even bandwidth it rises in proportion, "
+    "where latency matters too (PowerSGD's three all-reduces per bucket) it rises less)",
 )
 
 
@@ -328,7 +329,7 @@ def break_even(
         bits_saved = 8 * (e0 * link_bytes(ref, world_size) - eh * link_bytes(t, world_size))
         cost = oh - o0 + a * (eh * _ring_steps(t, world_size) - e0 * _ring_steps(ref, world_size))
         if bits_saved <= 0:
-            verdict, gbps = "never (as many bytes or more)", math.nan
+            verdict, gbps = "never (as many unhidden bytes or more)", math.nan
         elif cost <= 0:
             verdict, gbps = "always", math.inf
         else:

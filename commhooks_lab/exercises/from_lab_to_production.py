@@ -1,0 +1,76 @@
+"""Notebook 11's exercise: how much of one backward's communication did autograd's compute hide?
+
+The check runs the learner's function on hand-made backwards whose answers tell the usual slips
+apart (counting two buckets' simultaneous communication twice, counting time inside a blocking
+hook call as compute, counting communication after the last gradient as hidden, dividing by the
+backward time) and on a real timeline."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..studies.overlap import _computing, _length, _overlap, _union, hidden_share
+from . import Outcome, check_function, reference
+
+__all__ = ["CASES", "check_hidden_share"]
+
+reference("hidden_share")(hidden_share)
+
+Buckets = Sequence[tuple[float, float, float]]
+
+#: (ready, returned, done) per bucket: an async hook, a blocking one, and two buckets at once.
+CASES: dict[str, list[tuple[float, float, float]]] = {
+    "two async buckets, the second still sending after the last gradient": [(1.0, 1.1, 3.0), (4.0, 4.1, 6.0)],
+    "a blocking hook: every bucket sent inside its call": [(1.0, 2.0, 2.0), (3.0, 4.5, 4.5), (5.0, 5.5, 5.5)],
+    "three buckets sending at once, one hook call that waits": [(0.5, 0.6, 4.0), (1.0, 2.0, 3.5), (3.0, 3.1, 5.0)],
+}
+
+
+def _slips(buckets: Buckets) -> dict[str, float]:
+    """What the usual wrong algorithms give, with the hint for each."""
+    comm = _union([(r, d) for r, _, d in buckets])
+    compute_end = max(r for r, _, _ in buckets)
+    plain = [(0.0, compute_end)]
+    return {
+        "buckets that communicate at the same time count once: merge the intervals before you add them up.": sum(
+            _overlap([(r, d)], _computing(buckets)) for r, _, d in buckets
+        )
+        / sum(d - r for r, _, d in buckets),
+        "while the backward thread is inside a hook call, autograd is not computing: cut those spans out.": _overlap(
+            comm, plain
+        )
+        / _length(comm),
+        "autograd computes only until the last bucket is ready; what is sent after that is exposed.": _overlap(
+            comm, [(0.0, max(d for _, _, d in buckets))]
+        )
+        / _length(comm),
+        "divide by the communication time, not by the backward time.": _overlap(comm, _computing(buckets))
+        / max(d for _, _, d in buckets),
+    }
+
+
+def _verify(fn: Callable[[Buckets], float], timeline_cases: dict[str, Buckets]) -> str | None:
+    for name, buckets in {**CASES, **timeline_cases}.items():
+        got, want = float(fn(list(buckets))), hidden_share(buckets)
+        if abs(got - want) <= 1e-9:
+            continue
+        for hint, slip in _slips(buckets).items():
+            if abs(got - slip) <= 1e-9 and abs(slip - want) > 1e-9:
+                return f"for {name!r} you get {got:.4f}: {hint}"
+        return f"for {name!r} you get {got:.4f}; draw its intervals on a line and shade what overlaps compute."
+    return None
+
+
+def check_hidden_share(attempt, timeline=None) -> Outcome:
+    """Your hidden_share on hand-made backwards and on rank 0's backwards of ``timeline``."""
+    real: dict[str, Buckets] = {}
+    if timeline is not None:
+        for (hook, repeat), rows in timeline[timeline["rank"] == 0].groupby(["hook", "repeat"]):
+            if repeat == 0:
+                real[f"{hook}, measured"] = list(zip(rows["ready"], rows["returned"], rows["done"]))
+    return check_function(
+        "hidden_share",
+        attempt,
+        lambda fn: _verify(fn, real),
+        f"It agrees with the reference on {len(CASES)} hand-made backwards and {len(real)} measured ones.",
+    )

@@ -1,0 +1,197 @@
+"""Overlap, measured: when each bucket's communication runs, against when backward computes.
+
+DDP calls a bucket's hook as soon as the bucket's gradients are ready, during backward, and
+waits for every bucket's Future only at the end of backward. A hook that *starts* its collective
+and returns (PyTorch's ``allreduce_hook``, ``fp16_compress_hook``) lets the collective run while
+autograd computes the next buckets' gradients; a hook that waits inside (the zoo's compressors,
+whose ``all_gather`` is blocking, and every hook under the lab's probe, which waits for each
+bucket's Future) holds backward until its bucket is sent.
+
+:func:`bucket_timeline` runs one backward on real ranks with each hook wrapped by a stopwatch:
+per bucket, when its hook was called (``ready``), when the hook returned (``returned``) and when its
+Future completed (``done``); and when backward returned (``end``). DDP's own C++ all-reduce
+(``hook="no"``) cannot be wrapped from Python: ``allreduce_hook`` issues the same asynchronous
+all-reduce from Python and stands in for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["HOOKS", "bucket_timeline", "hidden_share", "overlap_summary", "plot_timeline"]
+
+#: The line-up: two hooks that return at once, one that blocks inside, and a hook under the lab's probe.
+HOOKS = ("allreduce", "fp16", "topk", "allreduce (lab probe)")
+
+
+def _rank_timeline(ctx, hooks: Sequence[str], width: int, depth: int, bucket_cap_mb: float, repeats: int) -> list:
+    """In each rank: for every hook, ``repeats`` timed backwards of a ``depth`` x ``width`` MLP."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..hooks.choice import build_hook, check_hook_choice
+    from ..measure.probe import Probe
+
+    out = []
+    for label in hooks:
+        name, probed = label.removesuffix(" (lab probe)"), label.endswith(" (lab probe)")
+        torch.manual_seed(0)
+        layers = [torch.nn.Linear(width, width) for _ in range(depth)]
+        model = DDP(torch.nn.Sequential(*layers), bucket_cap_mb=bucket_cap_mb)
+        hook, state = build_hook(check_hook_choice(name))
+        assert hook is not None, f"{name} registers no Python hook to time"
+        if probed:
+            hook = Probe(list(model.named_parameters()), ctx.world_size, ctx.rank, measure=False).wrap(hook)
+        records: list[dict[str, Any]] = []
+
+        def timed(state, bucket, hook=hook, records=records):
+            ready = time.perf_counter()
+            future = hook(state, bucket)
+            returned = time.perf_counter()
+            index = bucket.index()
+
+            def finished(fut):
+                records.append({"bucket": index, "ready": ready, "returned": returned, "done": time.perf_counter()})
+                return fut.value()
+
+            return future.then(finished)
+
+        model.register_comm_hook(state, timed)
+        x = torch.randn(64, width, generator=torch.Generator().manual_seed(ctx.rank))
+        for repeat in range(repeats + 2):  # two untimed steps: DDP rebuilds its buckets after the first
+            records.clear()
+            model.zero_grad()
+            loss = model(x).square().mean()
+            start = time.perf_counter()
+            loss.backward()
+            end = time.perf_counter()
+            if repeat >= 2:
+                out += [
+                    {
+                        "hook": label,
+                        "repeat": repeat - 2,
+                        "rank": ctx.rank,
+                        **r,
+                        "ready": r["ready"] - start,
+                        "returned": r["returned"] - start,
+                        "done": r["done"] - start,
+                        "end": end - start,
+                    }
+                    for r in records
+                ]
+    return out
+
+
+def bucket_timeline(
+    hooks: Sequence[str] = HOOKS,
+    world_size: int = 2,
+    width: int = 512,
+    depth: int = 8,
+    bucket_cap_mb: float = 1.0,
+    repeats: int = 5,
+    cluster=None,
+):
+    """A table with one row per rank, hook, repeat and bucket: seconds after backward started."""
+    import pandas as pd
+
+    from ..launcher import Cluster
+
+    with Cluster(world_size=world_size) if cluster is None else contextlib.nullcontext(cluster) as ranks:
+        rows = ranks.run(_rank_timeline, list(hooks), width, depth, bucket_cap_mb, repeats)
+    return pd.DataFrame([row for rank_rows in rows for row in rank_rows])
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, stop in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+        else:
+            merged.append((start, stop))
+    return merged
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _overlap(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
+    """Total length of the intersection of two unions of disjoint intervals."""
+    return sum(max(0.0, min(b, d) - max(a, c)) for a, b in xs for c, d in ys)
+
+
+def _computing(buckets: Sequence[tuple[float, float, float]]) -> list[tuple[float, float]]:
+    """When autograd computes: from 0 to the last bucket's ready time, except inside hook calls."""
+    compute_end = max(ready for ready, _, _ in buckets)
+    in_hooks = _union([(ready, min(returned, compute_end)) for ready, returned, _ in buckets if ready < compute_end])
+    computing, at = [], 0.0
+    for a, b in in_hooks:
+        computing.append((at, a))
+        at = b
+    return [*computing, (at, compute_end)]
+
+
+def hidden_share(buckets: Sequence[tuple[float, float, float]]) -> float:
+    """The share of one backward's communication that ran while autograd computed.
+
+    ``buckets``: ``(ready, returned, done)`` per bucket, seconds after backward started. A bucket
+    communicates from ``ready`` (its hook is called) to ``done`` (its Future completes); buckets
+    that communicate at the same time count once. Autograd computes from 0 until the last bucket
+    is ready, except while the backward thread is inside a hook call (``ready`` to ``returned``).
+    """
+    comm = _union([(ready, done) for ready, _, done in buckets])
+    return _overlap(comm, _computing(buckets)) / _length(comm)
+
+
+def _one_backward(rows) -> dict:
+    buckets = list(zip(rows["ready"], rows["returned"], rows["done"]))
+    end = float(rows["end"].iloc[0])
+    inside = ((rows["returned"] - rows["ready"]) / (rows["done"] - rows["ready"])).median()
+    return {
+        "buckets": len(rows),
+        "backward_ms": 1e3 * end,
+        "compute_ms": 1e3 * _length(_computing(buckets)),
+        "comm_ms": 1e3 * _length(_union([(r, d) for r, _, d in buckets])),
+        "hidden_share": hidden_share(buckets),
+        "exposed_ms": 1e3 * (end - _length(_computing(buckets))),
+        "in_hook_share": float(inside),
+    }
+
+
+def overlap_summary(timeline) -> Any:
+    """Per hook, the median over ranks and repeats of: backward time, autograd's compute time within it,
+    communication time (from each hook call to its Future's completion, overlapping buckets merged),
+    the share of communication that ran while autograd computed (``hidden_share``), the backward time
+    not spent computing (``exposed_ms``), and the share of a bucket's communication time spent inside
+    the hook call (``in_hook_share``: 1 for a hook that blocks)."""
+    import pandas as pd
+
+    per_backward = [
+        {"hook": hook, **_one_backward(rows)} for (hook, _, _), rows in timeline.groupby(["hook", "rank", "repeat"])
+    ]
+    order = list(dict.fromkeys(timeline["hook"]))
+    return pd.DataFrame(per_backward).groupby("hook").median().loc[order]
+
+
+def plot_timeline(timeline, rank: int = 0, repeat: int = 0):
+    """One backward per hook: each bucket's communication as a bar from its hook call to its Future's
+    completion (the part inside the hook call darker), the end of backward's compute and of backward."""
+    import matplotlib.pyplot as plt
+
+    hooks = list(dict.fromkeys(timeline["hook"]))
+    fig, axes = plt.subplots(len(hooks), 1, figsize=(8, 1.2 + 1.1 * len(hooks)), sharex=True, constrained_layout=True)
+    for ax, hook in zip(list(getattr(axes, "flat", [axes])), hooks):
+        rows = timeline[(timeline["hook"] == hook) & (timeline["rank"] == rank) & (timeline["repeat"] == repeat)]
+        for y, r in enumerate(rows.sort_values("ready").itertuples()):
+            ax.barh(y, 1e3 * (r.done - r.ready), left=1e3 * r.ready, color="tab:blue", alpha=0.35)
+            ax.barh(y, 1e3 * (r.returned - r.ready), left=1e3 * r.ready, color="tab:blue")
+        ax.axvline(1e3 * rows["ready"].max(), color="tab:green", lw=1, label="last gradient ready")
+        ax.axvline(1e3 * rows["end"].iloc[0], color="tab:red", lw=1, label="backward returns")
+        ax.set_ylabel(hook, rotation=0, ha="right", va="center")
+        ax.set_yticks([])
+    ax.set_xlabel(f"ms after backward started (rank {rank}); dark: inside the hook call, light: after it returned")
+    ax.legend(loc="lower right", fontsize=8)
+    return fig

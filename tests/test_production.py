@@ -1,0 +1,80 @@
+"""Notebook 11's measurements: overlap bucket by bucket, gradient accumulation with no_sync(), and its exercise."""
+
+import pytest
+
+from commhooks_lab import WorkerError
+from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
+from commhooks_lab.exercises import from_lab_to_production as exercise
+from commhooks_lab.studies import accumulation, overlap
+from commhooks_lab.studies.overlap import hidden_share
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+
+def test_hidden_share_merges_buckets_and_cuts_out_hook_calls():
+    # one async bucket sending [1, 3] while autograd computes until 4, except [1, 1.1] inside the hook call
+    assert hidden_share([(1.0, 1.1, 3.0), (4.0, 4.1, 6.0)]) == pytest.approx(1.9 / 4)
+    assert hidden_share([(1.0, 2.0, 2.0), (3.0, 4.5, 4.5)]) == 0.0  # blocking: sent inside the calls
+    # two buckets sending at once count once: [0.5, 4.0] is one interval of 3.5 s
+    assert hidden_share([(0.5, 0.6, 4.0), (1.0, 1.1, 3.5), (4.0, 4.1, 4.2)]) == pytest.approx((3.5 - 0.2) / 3.7)
+
+
+@pytest.fixture(scope="module")
+def timeline(cluster):
+    return overlap.bucket_timeline(depth=4, repeats=2, cluster=cluster)
+
+
+def test_the_timeline_sees_every_bucket_and_tells_blocking_hooks_apart(timeline):
+    assert set(timeline["hook"]) == set(overlap.HOOKS) and set(timeline["rank"]) == {0, 1}
+    summary = overlap.overlap_summary(timeline)
+    assert (summary["buckets"] == 4).all()  # four 512 x 512 layers, one per 1 MiB bucket
+    assert (timeline["ready"] <= timeline["returned"]).all() and (timeline["returned"] <= timeline["done"]).all()
+    assert (timeline["done"] <= timeline["end"] + 1e-6).all()  # DDP waits for every Future before backward returns
+    blocking = summary.loc[["topk", "allreduce (lab probe)"]]
+    assert (blocking["in_hook_share"] > 0.99).all() and (blocking["hidden_share"] < 0.05).all()
+    assert (summary.loc[["allreduce", "fp16"], "in_hook_share"] < 0.9).all()  # they return before the bucket is sent
+
+
+def test_the_timeline_exercise_on_its_three_paths(timeline, capsys):
+    def stub(buckets):
+        raise NotImplementedError
+
+    assert exercise.check_hidden_share(stub, timeline).status == NOT_ATTEMPTED
+
+    def without_hook_calls(buckets):  # plausible and wrong: autograd computes all the way to the last ready
+        end = max(r for r, _, _ in buckets)
+        merged = exercise._union([(r, d) for r, _, d in buckets])
+        return sum(max(0.0, min(b, end) - a) for a, b in merged) / sum(b - a for a, b in merged)
+
+    def without_merging(buckets):  # plausible and wrong: adds overlapping intervals twice
+        return sum(hidden_share([b]) * (b[2] - b[0]) for b in buckets) / sum(d - r for r, _, d in buckets)
+
+    cut = exercise.check_hidden_share(without_hook_calls, timeline)
+    assert cut.status == WRONG and "inside a hook call" in cut.message and cut.value is hidden_share
+    assert exercise.check_hidden_share(without_merging, timeline).status == WRONG
+    right = exercise.check_hidden_share(lambda buckets: hidden_share(list(buckets)), timeline)
+    assert right.status == RIGHT and "4 measured ones" in right.message
+
+
+def test_accumulation_pays_bytes_per_optimizer_step_and_powersgd_counts_optimizer_steps(cluster):
+    table = accumulation.accumulation_table(steps=3, cluster=cluster)
+    one, four = (table[table["micro_batches"] == k].reset_index(drop=True) for k in (1, 4))
+    assert (one["payload_bytes"] == four["payload_bytes"]).all() and (table["hook_calls"] == 1).all()
+    power = four[four["hook"] == "power_sgd"]
+    assert power["power_sgd_iter"].tolist() == [1, 2, 3]  # one per synced backward, not per micro-batch
+    assert power["payload_bytes"].iloc[2] < power["payload_bytes"].iloc[0]  # compresses from optimizer step 2
+    assert table["ranks_agree"].all()
+
+
+def test_the_agreement_check_catches_a_hook_that_does_not_reduce(cluster):
+    table = accumulation.accumulation_table(hooks=("noop",), micro_batches=(4,), steps=1, cluster=cluster)
+    assert not table["ranks_agree"].any() and (table["payload_bytes"] == 0).all()
+
+
+def test_static_graph_with_no_sync_needs_a_synced_first_step(cluster):
+    with pytest.raises(WorkerError, match="expect_autograd_hooks_ INTERNAL ASSERT FAILED"):
+        accumulation.accumulation_table(hooks=("allreduce",), micro_batches=(2,), steps=1, static_graph=True)
+    warm = accumulation.accumulation_table(
+        hooks=("allreduce",), micro_batches=(2,), steps=2, static_graph=True, warm_sync=True, cluster=cluster
+    )
+    assert warm["ranks_agree"].all()
