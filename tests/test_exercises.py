@@ -32,9 +32,21 @@ def topk_right(x, k):
     return x.reshape(-1)[indices], indices
 
 
+def scaffold(x, k):  # given lines around the learner's part, which is still missing
+    flat = x.reshape(-1)
+    raise NotImplementedError
+    return flat[:k], torch.arange(k)
+
+
+def guarded(x, k):  # code that raises NotImplementedError only in a branch is an attempt
+    if k < 0:
+        raise NotImplementedError
+    return topk_right(x, k)
+
+
 def test_is_stub_tells_stubs_from_code():
-    assert exercises.is_stub(None) and exercises.is_stub(stub)
-    assert not exercises.is_stub(topk_right) and not exercises.is_stub(42)
+    assert exercises.is_stub(None) and exercises.is_stub(stub) and exercises.is_stub(scaffold)
+    assert not exercises.is_stub(topk_right) and not exercises.is_stub(42) and not exercises.is_stub(guarded)
 
 
 def test_topk_check_on_its_three_paths(capsys):

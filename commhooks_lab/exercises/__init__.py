@@ -54,7 +54,8 @@ def reveal(name: str) -> None:
 
 
 def is_stub(attempt: Any) -> bool:
-    """None, or a function whose body (after a docstring) only raises NotImplementedError or passes."""
+    """None, a function whose body (after a docstring) is only ``pass``, or one with a top-level
+    ``raise NotImplementedError`` (a stub, or a scaffold whose learner's part is missing)."""
     if attempt is None:
         return True
     if not callable(attempt):
@@ -67,17 +68,17 @@ def is_stub(attempt: Any) -> bool:
     if not isinstance(func, ast.FunctionDef):
         return False
     body = [s for s in func.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    if not body:
+    if not body or (len(body) == 1 and isinstance(body[0], ast.Pass)):
         return True
-    if len(body) != 1:
+    # a stub, or a scaffold whose learner's part is still a top-level `raise NotImplementedError`
+    return any(_raises_not_implemented(stmt) for stmt in body)
+
+
+def _raises_not_implemented(stmt: ast.stmt) -> bool:
+    if not (isinstance(stmt, ast.Raise) and stmt.exc is not None):
         return False
-    stmt = body[0]
-    if isinstance(stmt, ast.Pass):
-        return True
-    if isinstance(stmt, ast.Raise) and stmt.exc is not None:
-        exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
-        return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
-    return False
+    exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
+    return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
 
 
 def _say(outcome: Outcome) -> Outcome:

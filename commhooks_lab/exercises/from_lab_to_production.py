@@ -57,7 +57,11 @@ def _verify(fn: Callable[[Buckets], float], timeline_cases: dict[str, Buckets]) 
         for hint, slip in _slips(buckets).items():
             if abs(got - slip) <= 1e-9 and abs(slip - want) > 1e-9:
                 return f"for {name!r} you get {got:.4f}: {hint}"
-        return f"for {name!r} you get {got:.4f}; draw its intervals on a line and shade what overlaps compute."
+        drawn = ", ".join(f"({r:.4f}, {t:.4f}, {d:.4f})" for r, t, d in sorted(buckets))
+        return (
+            f"for {name!r} you get {got:.4f}, the reference {want:.4f}; draw its intervals on a line (sorted by "
+            f"ready: {drawn}) and shade what overlaps compute."
+        )
     return None
 
 
