@@ -49,7 +49,7 @@ def test_bf16_is_measured_and_the_cpu_refusal_is_shown(basic):
     assert (bf16.steps["rel_error"] > basic.by_name("fp16").steps["rel_error"]).all()
     (note,) = [n for n in bf16.notes if n.startswith("bf16")]
     assert "TypeError: BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+" in note
-    assert "with CUDA 11+ and NCCL 2.10+ (or XPU with XCCL) your own" in note
+    assert "with a CUDA or ROCm build with NCCL 2.10+ (or XCCL with an XPU device present) your own" in note
 
 
 def test_noop_breaks_the_ddp_invariant(basic):
@@ -251,7 +251,8 @@ def test_available_hooks_says_what_runs_here_and_why_not():
     table = lab.available_hooks()
     hooks = table[table["kind"] == "hook"].set_index("name")
     pytorch_s = ["no", "allreduce", "fp16", "bf16", "power_sgd", "batched_power_sgd", "noop"]
-    assert list(hooks.index) == pytorch_s + ["ring16", "wire16_sum32"]  # PyTorch's, then the lab's own
+    lab_s = ["ring16", "wire16_sum32", "local_sgd", "post_local_sgd", "diloco"]
+    assert list(hooks.index) == pytorch_s + lab_s  # PyTorch's, then the lab's own
     assert hooks["runs_here"].all()
     # the notes quote what trying each one on this machine raised, not a typed guess
     assert "TypeError: BF16 all reduce communication hook required CUDA 11+" in hooks.loc["bf16", "note"]

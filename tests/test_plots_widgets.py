@@ -92,7 +92,7 @@ def test_overview_has_a_legend_per_panel_a_takeaway_and_no_overlapping_labels(re
         assert not _overlaps(box, ax.get_window_extent(renderer))  # outside the data area
         assert not _overlaps(box, ax.xaxis.label.get_window_extent(renderer))
     title = fig.get_suptitle()
-    assert title.startswith("Fewest bytes: power_sgd r1") and "lowest error: fp16" in title
+    assert title.startswith("Of the compressing hooks, fewest bytes: power_sgd r1") and "lowest error: fp16" in title
     assert "compressed steps" not in fig.axes[1].get_ylabel()  # allreduce never compresses: no such claim
 
 

@@ -130,16 +130,21 @@ class ExperimentConfig:
         if self.api == "fsdp2":
             _check_fsdp2(choice)
         _check_compile(self, choice)
-        self._check_checkpointing()
+        self._check_checkpointing(choice)
         return choice
 
-    def _check_checkpointing(self) -> None:
+    def _check_checkpointing(self, choice: HookChoice) -> None:
         if self.checkpoint_at is None and self.resume_from is None:
             return
         if self.api != "torch":
             raise ValueError(
                 f"checkpoint_at / resume_from work with api='torch' (register_comm_hook), not api={self.api!r}: "
                 "the lab reaches the hook state only through the state it registered itself"
+            )
+        if choice.entry is not None and choice.entry.after_step is not None:
+            raise ValueError(
+                f"checkpoint_at / resume_from do not save {choice.entry.name}'s outer state (global parameters, "
+                "outer optimizer) yet: run it without them"
             )
         if self.checkpoint_at is not None:
             _positive("checkpoint_at", self.checkpoint_at, numbers.Integral)

@@ -63,6 +63,7 @@ class Setup:
     notes: list
     backward: Callable
     batches: Iterator
+    syncer: Any = None  # a family that synchronises after the optimizer step (HookEntry.after_step)
 
 
 def register_probed(ddp, probe: Probe, hook, state, ctx, config: ExperimentConfig, register=None) -> None:
@@ -85,10 +86,14 @@ def setup_torch_ddp(ctx, config: ExperimentConfig, task, probe: Probe, choice: H
     register_probed(ddp, probe, hook, state, ctx, config)
     optimizer = make_optimizer(config.optimizer, ddp.parameters(), config.lr)
     data = rank_batches(task.train, ctx.rank, ctx.world_size, config.batch_size, config.seed)
+    entry = choice.entry
+    syncer = None
+    if entry is not None and entry.after_step is not None:
+        syncer = entry.after_step(ddp.module, optimizer, entry.options_with_defaults(choice.options))
     if config.compile == "eager":
-        return Setup(ddp, optimizer, state, probe.notes, torch.Tensor.backward, data)
+        return Setup(ddp, optimizer, state, probe.notes, torch.Tensor.backward, data, syncer)
     model, backward = compiled(ddp, config.compile)
-    return Setup(model, optimizer, state, probe.notes, backward, data)
+    return Setup(model, optimizer, state, probe.notes, backward, data, syncer)
 
 
 def compiled(ddp: DDP, mode: str) -> tuple[torch.nn.Module, Callable]:

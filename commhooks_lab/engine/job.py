@@ -3,6 +3,7 @@ train, and measure every step. Returns plain data (rank 0 the tables)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import platform
@@ -98,6 +99,8 @@ def _train(ctx, config: ExperimentConfig, choice: HookChoice) -> dict:
         setup.backward(loss)
         record = probe.end_step(loss)
         setup.optimizer.step()
+        if setup.syncer is not None:  # local SGD, DiLoCo: their communication comes after the step
+            probe.count_into(record, functools.partial(setup.syncer.after_step, step))
         record.update(step=step, step_time_s=time.perf_counter() - start)
         if nonfinite is None:
             nonfinite = _nonfinite_note(step, loss, task.model, config)

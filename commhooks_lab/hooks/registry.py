@@ -73,6 +73,9 @@ class HookEntry:
     short_run: Callable[[], dict] = dict  # what the lab's short runs set unless told (PowerSGD: start at step 2)
     dashboard_options: Callable[[], dict] | None = None  # the options the dashboard shows, starting values
     never_compressed: Callable[[dict, int], tuple[str, str]] | None = None  # (options, steps) -> (why, fix)
+    #: communicates after the optimizer step instead: (model, optimizer, options) -> an object whose
+    #: after_step(step, uncounted) runs after every optimizer step and returns extra columns for the step's row
+    after_step: Callable[[Any, Any, dict], Any] | None = None
 
     def options_with_defaults(self, options: dict) -> dict:
         return {**self.defaults(), **options}

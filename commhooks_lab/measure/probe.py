@@ -29,6 +29,7 @@ and the bytes are split W ways. ``python bench/probe.py`` prints what it costs p
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable
@@ -199,6 +200,33 @@ class Probe:
                 self._block(self._owner[i])[slot, at : at + self.sizes[i]].copy_(param.grad.reshape(-1))
         self.records.append(record)
         return record
+
+    def count_into(self, record: dict, fn: Callable[..., dict]) -> None:
+        """Run ``fn(uncounted)`` (a synchronisation after the optimizer step) and add the bytes and calls it hands
+        to collectives to this step's ``record``, with what ``fn`` returns; ``uncounted()`` hides a reference."""
+        counter = self.counter
+        counter.reset()
+        counter.active = True
+        try:
+            extra = fn(self._uncounted)
+        finally:
+            counter.active = False
+        gathered = sum(b for op, b in counter.bytes_by_op.items() if op in GATHER_OPS)
+        record["payload_bytes"] += counter.payload_bytes
+        record["ring_bytes"] += counter.ring_bytes
+        record["allgather_bytes"] += gathered
+        record["allgather_calls"] += sum(c for op, c in counter.calls.items() if op in GATHER_OPS)
+        record["collective_calls"] += sum(counter.calls.values())
+        record["sync_bytes"] = counter.payload_bytes
+        record.update(extra)
+
+    @contextlib.contextmanager
+    def _uncounted(self):
+        active, self.counter.active = self.counter.active, False
+        try:
+            yield
+        finally:
+            self.counter.active = active
 
     def should_flush(self) -> bool:
         return len(self.records) * self._step_bytes >= self.flush_bytes

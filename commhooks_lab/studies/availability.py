@@ -247,9 +247,9 @@ def _pytorch_only() -> dict[str, dict]:
             quant_why,
         ),
         "post_localSGD_hook": (
-            "local SGD after a warm-up: skips global communication",
+            "local SGD after a warm-up, with PyTorch's default subgroups (subgroup=None)",
             post_local_sgd,
-            "; not a gradient compressor: it averages parameters with PostLocalSGDOptimizer",
+            "; the lab's post_local_sgd gives it explicit subgroups of one rank and runs it",
         ),
         "DDP mixed_precision (_reducer_allreduce_and_upcast_hook)": (
             "DDP's private mixed precision: fp16 parameters, upcast before the optimizer",

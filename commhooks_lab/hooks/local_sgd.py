@@ -1,0 +1,210 @@
+"""Communicate less often: local SGD, PyTorch's post-local SGD, and DiLoCo (every ``sync_every`` steps).
+
+Every other family in this package communicates every step. These let each rank step on its own
+gradient (DDP's hook sends nothing) and synchronise every ``H = sync_every`` optimizer steps:
+
+- ``local_sgd``: average the parameters (one all-reduce of the model, divided by W);
+- ``post_local_sgd``: PyTorch's ``post_localSGD_hook`` (global all-reduce for ``start_localSGD_iter``
+  steps, then each rank's own subgroup) with its ``PeriodicModelAverager`` (period H). PyTorch
+  builds the subgroups with ``dist.new_subgroups()``, whose default size is the number of GPUs per
+  machine ("Default group size only takes effect when CUDA is available"); on CPU the lab passes
+  subgroups of one rank explicitly, so after the warm-up each rank steps alone between averages;
+- ``diloco``: H inner optimizer steps, then the *pseudo-gradient* Δ = θ_global − θ_local is
+  averaged over ranks (in float32, or cast to 16 bits first: ``compress``) and an outer SGD step with
+  Nesterov momentum moves θ_global by it (Douillard et al., arXiv 2311.08105; ``torchft/local_sgd.py``).
+
+The record's ``after_step`` is built in each rank as ``after_step(model, optimizer, options)``; its
+``after_step(step, uncounted)`` runs after each optimizer step, and the engine counts the bytes of its
+collectives into that step's row (``uncounted()`` hides a reference computation), so bytes mean the same as for
+every other hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from .registry import HOOK, HookEntry, register
+
+__all__ = ["DiLoCo", "LocalSGD", "PostLocalSGD"]
+
+_WHY_NOT_COMPILED = "it steps on each rank's own gradient and synchronises parameters outside backward"
+
+
+def _check_sync_every(options: dict) -> None:
+    every = options.get("sync_every", 4)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ValueError(f"sync_every must be an int >= 1 (optimizer steps between synchronisations), got {every!r}")
+
+
+def _local_steps(options: dict, process_group: Any) -> tuple:
+    """Between synchronisations DDP's hook sends nothing: each rank keeps its own gradient."""
+    from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks
+
+    return debugging_hooks.noop_hook, process_group
+
+
+class LocalSGD:
+    """Average the parameters over all ranks after every ``sync_every``-th optimizer step."""
+
+    def __init__(self, model: Any, optimizer: Any, options: dict):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.every = options.get("sync_every", 4)
+
+    def after_step(self, step: int, uncounted: Any = contextlib.nullcontext) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        if (step + 1) % self.every:
+            return {"synced": False}
+        with torch.no_grad():
+            flat = torch.cat([p.reshape(-1) for p in self.params])
+            dist.all_reduce(flat)
+            flat /= dist.get_world_size()
+            _unflatten_into(self.params, flat)
+        return {"synced": True}
+
+
+def _unflatten_into(params: list, flat: Any) -> None:
+    at = 0
+    for p in params:
+        p.copy_(flat[at : at + p.numel()].view_as(p))
+        at += p.numel()
+
+
+class DiLoCo:
+    """Inner steps on each rank; every ``sync_every`` steps an outer Nesterov step on the averaged pseudo-gradient."""
+
+    def __init__(self, model: Any, optimizer: Any, options: dict):
+        import torch
+
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.every = options.get("sync_every", 4)
+        dtypes = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+        self.dtype = dtypes[options.get("compress", "none")]
+        self.global_params = [p.detach().clone() for p in self.params]  # θ_global, the same on every rank
+        momentum = options.get("outer_momentum", 0.9)
+        self.outer = torch.optim.SGD(
+            self.global_params, lr=options.get("outer_lr", 0.7), momentum=momentum, nesterov=momentum > 0
+        )
+
+    def after_step(self, step: int, uncounted: Any = contextlib.nullcontext) -> dict:
+        import torch
+        import torch.distributed as dist
+
+        if (step + 1) % self.every:
+            return {"synced": False}
+        world = dist.get_world_size()
+        with torch.no_grad():
+            delta = torch.cat([(g - p).reshape(-1) for g, p in zip(self.global_params, self.params)])
+            exact = delta.double()
+            with uncounted():  # the exact mean, for the error column only: not part of the method's bytes
+                dist.all_reduce(exact)
+            exact /= world
+            sent = delta.to(self.dtype).div_(world)  # as the 16-bit hooks do: cast, divide, sum
+            dist.all_reduce(sent)
+            mean = sent.to(torch.float32)
+            error = float((mean.double() - exact).norm() / exact.norm()) if exact.norm() > 0 else 0.0
+            at = 0
+            for g in self.global_params:
+                g.grad = mean[at : at + g.numel()].view_as(g).clone()
+                at += g.numel()
+            self.outer.step()
+            self.outer.zero_grad(set_to_none=True)
+            for g, p in zip(self.global_params, self.params):
+                p.copy_(g)
+        return {"synced": True, "outer_rel_error": error}
+
+
+class PostLocalSGD:
+    """PyTorch's PeriodicModelAverager, after the warm-up of post_localSGD_hook's state."""
+
+    def __init__(self, model: Any, optimizer: Any, options: dict):
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+        self.params = list(model.parameters())
+        self.averager = PeriodicModelAverager(
+            period=options.get("sync_every", 4), warmup_steps=options.get("start_localSGD_iter", 2)
+        )
+
+    def after_step(self, step: int, uncounted: Any = contextlib.nullcontext) -> dict:
+        before = self.averager.step
+        self.averager.average_parameters(self.params)
+        return {"synced": self.averager.step > before and _averaged(before, self.averager)}
+
+
+def _averaged(step: int, averager: Any) -> bool:
+    """Whether PeriodicModelAverager averaged at this step (its own rule, ``averagers.py``)."""
+    return step >= averager.warmup_steps and (step - averager.warmup_steps) % averager.period == 0
+
+
+def _build_post_local_sgd(options: dict, process_group: Any) -> tuple:
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as p
+
+    # explicit subgroups of one rank: new_subgroups() without a size needs CUDA
+    subgroup, _ = dist.new_subgroups(group_size=1)
+    state = p.PostLocalSGDState(
+        process_group=process_group, subgroup=subgroup, start_localSGD_iter=options.get("start_localSGD_iter", 2)
+    )
+    return p.post_localSGD_hook, state
+
+
+def _sync_name(name: str):
+    def run_name(options: dict) -> str:
+        text = f"{name} H={options.get('sync_every', 4)}"
+        compress = options.get("compress", "none")
+        return text if compress == "none" else f"{text} {compress}"
+
+    return run_name
+
+
+def _check_diloco(options: dict) -> None:
+    _check_sync_every(options)
+    if options.get("compress", "none") not in ("none", "fp16", "bf16"):
+        raise ValueError(
+            f"compress must be 'none', 'fp16' or 'bf16' (the outer all-reduce's dtype), got {options['compress']!r}"
+        )
+    if not 0 <= options.get("outer_momentum", 0.9) < 1:
+        raise ValueError(f"outer_momentum must be in [0, 1), got {options['outer_momentum']!r}")
+
+
+register(
+    HookEntry(
+        "local_sgd",
+        HOOK,
+        "local steps; the parameters averaged every sync_every optimizer steps",
+        build=_local_steps,
+        defaults=lambda: {"sync_every": 4},
+        check=_check_sync_every,
+        run_name=_sync_name("local_sgd"),
+        not_compilable=_WHY_NOT_COMPILED,
+        after_step=LocalSGD,
+    )
+)
+register(
+    HookEntry(
+        "post_local_sgd",
+        HOOK,
+        "PyTorch's post_localSGD_hook + PeriodicModelAverager (subgroups of one rank on CPU)",
+        build=_build_post_local_sgd,
+        defaults=lambda: {"sync_every": 4, "start_localSGD_iter": 2},
+        check=_check_sync_every,
+        run_name=_sync_name("post_local_sgd"),
+        not_compilable=_WHY_NOT_COMPILED,
+        after_step=PostLocalSGD,
+    )
+)
+register(
+    HookEntry(
+        "diloco",
+        HOOK,
+        "H inner steps, then an outer Nesterov step on the averaged pseudo-gradient (DiLoCo)",
+        build=_local_steps,
+        defaults=lambda: {"sync_every": 4, "outer_lr": 0.7, "outer_momentum": 0.9, "compress": "none"},
+        check=_check_diloco,
+        run_name=_sync_name("diloco"),
+        not_compilable=_WHY_NOT_COMPILED,
+        after_step=DiLoCo,
+    )
+)

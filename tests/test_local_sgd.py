@@ -1,0 +1,142 @@
+"""Communicating every H steps: local SGD, post-local SGD and DiLoCo as registered families, and DiLoCo's outer step
+against torchft's on the same inputs."""
+
+import pytest
+import torch
+
+import commhooks_lab as lab
+from commhooks_lab import cli
+from commhooks_lab.hooks import registry
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def runs(cluster):
+    items = ["allreduce", "local_sgd[sync_every=2]", "local_sgd[sync_every=4]", "diloco[sync_every=4]",
+             "diloco[sync_every=4,compress=bf16]", "post_local_sgd[sync_every=4,start_localSGD_iter=2]"]  # fmt: skip
+    return lab.compare(items, steps=STEPS, cluster=cluster)
+
+
+@pytest.mark.parametrize("name, every", [("local_sgd H=2", 2), ("local_sgd H=4", 4), ("diloco H=4", 4)])
+def test_an_uncompressed_sync_every_h_steps_sends_exactly_one_h_th_of_ddps_bytes(runs, name, every):
+    ddp, run = runs.by_name("allreduce").steps, runs.by_name(name).steps
+    assert run["payload_bytes"].sum() * every == ddp["payload_bytes"].sum()
+    assert run["ring_bytes"].sum() * every == ddp["ring_bytes"].sum()
+    synced = run["synced"].astype(bool)
+    assert synced.tolist() == [(s + 1) % every == 0 for s in range(STEPS)]
+    assert (run.loc[~synced, "payload_bytes"] == 0).all()  # between syncs DDP's hook sends nothing
+
+
+def test_ranks_drift_apart_between_syncs_and_agree_after_one(runs, cluster):
+    run = runs.by_name("local_sgd H=4").steps
+    assert (run["rank_spread"] > 0).all()  # each rank's own gradient, by design
+    assert runs.by_name("local_sgd H=4").ranks_agree  # 8 steps: the last one synchronised
+    odd = lab.run(hook="local_sgd[sync_every=3]", steps=STEPS, measure=False, cluster=cluster)
+    assert not odd.ranks_agree  # steps 6 and 7 ran alone after the sync at step 5
+
+
+def test_diloco_reports_the_outer_update_error_and_compression_halves_its_bytes(runs):
+    full, half = runs.by_name("diloco H=4").steps, runs.by_name("diloco H=4 bf16").steps
+    assert half["payload_bytes"].sum() * 2 == full["payload_bytes"].sum()  # the exact reference is not counted
+    assert full["outer_rel_error"].dropna().max() < 1e-6  # float32 rounding of the sum
+    assert (half["outer_rel_error"].dropna().between(1e-5, 2**-7)).all()  # bf16: u = 2^-8, two roundings
+
+
+def test_post_local_sgd_reduces_globally_in_the_warm_up_then_averages_every_period(runs):
+    run, ddp = runs.by_name("post_local_sgd H=4").steps, runs.by_name("allreduce").steps
+    per_step = ddp["ring_bytes"].iloc[0]
+    # steps 0 and 1: the hook's global all-reduce; from step 2, subgroups of one rank (nothing leaves the rank)
+    # and PeriodicModelAverager's average at steps 2 and 6 (warm-up 2, period 4)
+    assert run["ring_bytes"].tolist() == [per_step, per_step, per_step, 0, 0, 0, per_step, 0]
+    assert run["synced"].astype(bool).tolist() == [False, False, True, False, False, False, True, False]
+
+
+def test_diloco_with_one_inner_step_and_a_plain_outer_step_is_ddp(cluster):
+    """H=1, inner SGD without momentum, outer SGD at lr 1 without momentum: θ - mean(η g) = DDP's θ - η mean(g)."""
+    common = dict(steps=6, optimizer="sgd", measure=False, cluster=cluster)
+    ddp = lab.run(hook="allreduce", **common)
+    diloco = lab.run(hook="diloco[sync_every=1,outer_lr=1.0,outer_momentum=0.0]", **common)
+    # not bit for bit: the pseudo-gradient θ - (θ - η g) rounds once more than η g
+    torch.testing.assert_close(
+        torch.tensor(diloco.steps["loss"].tolist()), torch.tensor(ddp.steps["loss"].tolist()), rtol=1e-6, atol=0
+    )
+
+
+def test_the_families_are_registered_like_every_hook():
+    table = lab.available_hooks().set_index("name")
+    for name in ("local_sgd", "post_local_sgd", "diloco"):
+        assert table.loc[name, "runs_here"], table.loc[name, "note"]
+    args = cli.build_parser().parse_args(["compare", "--hooks", "diloco[sync_every=8,compress=fp16]"])
+    (config,) = cli.comparison_configs(args)
+    assert config.hook == "diloco" and config.state_options == {"sync_every": 8, "compress": "fp16"}
+    assert registry.get("diloco").run_name({"sync_every": 8, "compress": "fp16"}) == "diloco H=8 fp16"
+    for bad, text in [
+        ({"sync_every": 0}, "sync_every must be an int >= 1"),
+        ({"compress": "int8"}, "compress must be"),
+        ({"outer_momentum": 1.0}, "outer_momentum must be in"),
+    ]:
+        with pytest.raises(ValueError, match=text):
+            lab.ExperimentConfig(hook="diloco", state_options=bad).check()
+    with pytest.raises(ValueError, match="outer state"):
+        lab.ExperimentConfig(hook="local_sgd", checkpoint_at=2, checkpoint_dir="/nonexistent").check()
+    with pytest.raises(ValueError, match="cannot run under compiled autograd"):
+        lab.ExperimentConfig(hook="diloco", compile="compiled_autograd", measure=False).check()
+
+
+def _outer_step_both_ways(ctx, steps, every):
+    """The same model, data and inner optimizer stepped by the lab's DiLoCo and by torchft's, side by side."""
+    from unittest.mock import create_autospec
+
+    import torch
+    import torch.distributed as dist
+    from torchft.local_sgd import DiLoCo as TorchftDiLoCo
+    from torchft.manager import Manager
+    from torchft.work import _DummyWork
+
+    from commhooks_lab.hooks.local_sgd import DiLoCo
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+    def batches():
+        g = torch.Generator().manual_seed(100 + ctx.rank)
+        return [torch.randn(4, 8, generator=g) for _ in range(steps)]
+
+    def average(tensor, should_quantize=False):
+        dist.all_reduce(tensor)
+        tensor /= dist.get_world_size()
+        return _DummyWork(tensor)
+
+    manager = create_autospec(Manager)
+    manager.errored.return_value = None
+    manager._use_async_quorum = False
+    manager.should_commit.return_value = True
+    manager.current_step.return_value = 0
+    manager.allreduce.side_effect = average
+    theirs = model()
+    inner = torch.optim.AdamW(theirs.parameters(), lr=1e-2)
+    outer = torch.optim.SGD(theirs.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    with TorchftDiLoCo(manager, [theirs], inner, outer, sync_every=every):
+        for x in batches():
+            theirs(x).square().mean().backward()
+            inner.step()
+            inner.zero_grad()
+    ours = model()
+    inner = torch.optim.AdamW(ours.parameters(), lr=1e-2)
+    diloco = DiLoCo(ours, inner, {"sync_every": every, "outer_lr": 0.7, "outer_momentum": 0.9, "compress": "none"})
+    for step, x in enumerate(batches()):
+        ours(x).square().mean().backward()
+        inner.step()
+        inner.zero_grad()
+        diloco.after_step(step)
+    return [(a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters())]
+
+
+def test_the_lab_outer_step_equals_torchfts_on_the_same_inputs(cluster):
+    pytest.importorskip("torchft", reason="torchft is a test dependency (pip install -e '.[test]')")
+    differences = cluster.run(_outer_step_both_ways, 8, 4)
+    assert differences == [[0.0] * 4, [0.0] * 4]  # two outer steps, bit for bit on both ranks
