@@ -7,6 +7,7 @@ import torch
 import commhooks_lab as lab
 from commhooks_lab import cli
 from commhooks_lab.hooks import registry
+from commhooks_lab.studies import low_communication
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -86,57 +87,50 @@ def test_the_families_are_registered_like_every_hook():
         lab.ExperimentConfig(hook="diloco", compile="compiled_autograd", measure=False).check()
 
 
-def _outer_step_both_ways(ctx, steps, every):
-    """The same model, data and inner optimizer stepped by the lab's DiLoCo and by torchft's, side by side."""
-    from unittest.mock import create_autospec
-
-    import torch
-    import torch.distributed as dist
-    from torchft.local_sgd import DiLoCo as TorchftDiLoCo
-    from torchft.manager import Manager
-    from torchft.work import _DummyWork
-
-    from commhooks_lab.hooks.local_sgd import DiLoCo
-
-    def model():
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-
-    def batches():
-        g = torch.Generator().manual_seed(100 + ctx.rank)
-        return [torch.randn(4, 8, generator=g) for _ in range(steps)]
-
-    def average(tensor, should_quantize=False):
-        dist.all_reduce(tensor)
-        tensor /= dist.get_world_size()
-        return _DummyWork(tensor)
-
-    manager = create_autospec(Manager)
-    manager.errored.return_value = None
-    manager._use_async_quorum = False
-    manager.should_commit.return_value = True
-    manager.current_step.return_value = 0
-    manager.allreduce.side_effect = average
-    theirs = model()
-    inner = torch.optim.AdamW(theirs.parameters(), lr=1e-2)
-    outer = torch.optim.SGD(theirs.parameters(), lr=0.7, momentum=0.9, nesterov=True)
-    with TorchftDiLoCo(manager, [theirs], inner, outer, sync_every=every):
-        for x in batches():
-            theirs(x).square().mean().backward()
-            inner.step()
-            inner.zero_grad()
-    ours = model()
-    inner = torch.optim.AdamW(ours.parameters(), lr=1e-2)
-    diloco = DiLoCo(ours, inner, {"sync_every": every, "outer_lr": 0.7, "outer_momentum": 0.9, "compress": "none"})
-    for step, x in enumerate(batches()):
-        ours(x).square().mean().backward()
-        inner.step()
-        inner.zero_grad()
-        diloco.after_step(step)
-    return [(a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters())]
-
-
 def test_the_lab_outer_step_equals_torchfts_on_the_same_inputs(cluster):
     pytest.importorskip("torchft", reason="torchft is a test dependency (pip install -e '.[test]')")
-    differences = cluster.run(_outer_step_both_ways, 8, 4)
+    differences = low_communication.torchft_parity(cluster, steps=8, every=4)
     assert differences == [[0.0] * 4, [0.0] * 4]  # two outer steps, bit for bit on both ranks
+
+
+def test_the_reference_outer_step_is_torchs_nesterov_sgd():
+    from commhooks_lab.exercises import communicate_less_often as ex
+
+    theta, ranks = ex._inputs()
+    ours = [p.clone() for p in theta]
+    theirs = [p.clone().requires_grad_() for p in theta]
+    sgd = torch.optim.SGD(theirs, lr=0.7, momentum=0.9, nesterov=True)
+    buffers = [torch.zeros_like(p) for p in ours]
+    for r in range(3):
+        local = [[p - 0.01 * (r + 1) * (k + 1) for p in rank] for k, rank in enumerate(ranks)]
+        ex.outer_step(ours, local, buffers)
+        for i, p in enumerate(theirs):
+            p.grad = sum(p.detach() - rank[i] for rank in local) / len(local)
+        sgd.step()
+    assert all(torch.equal(a, b.detach()) for a, b in zip(ours, theirs))
+
+
+def test_the_outer_step_exercise_on_its_three_paths():
+    from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
+    from commhooks_lab.exercises import communicate_less_often as ex
+
+    def stub(global_params, local_params, buffers, lr=0.7, momentum=0.9):
+        raise NotImplementedError
+
+    assert ex.check_outer_step(stub).status == NOT_ATTEMPTED
+    for slip, hint in [
+        (ex._variant(ex._averaged_parameters), "local SGD's step"),
+        (ex._variant(ex._wrong_sign), "moves away from the ranks"),
+        (ex._variant(ex._heavy_ball), "heavy-ball"),
+        (ex._variant(ex._no_momentum), "No momentum"),
+    ]:
+        outcome = ex.check_outer_step(slip)
+        assert outcome.status == WRONG and hint in outcome.message and outcome.value is ex.outer_step
+
+    def written_differently(global_params, local_params, buffers, lr=0.7, momentum=0.9):
+        for i, theta in enumerate(global_params):
+            delta = torch.stack([theta - rank[i] for rank in local_params]).mean(0)
+            buffers[i] = buffers[i].mul_(momentum).add_(delta)
+            theta -= lr * delta + lr * momentum * buffers[i]
+
+    assert ex.check_outer_step(written_differently).status == RIGHT

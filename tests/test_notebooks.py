@@ -31,6 +31,7 @@ def test_the_curriculum_is_all_there():
         "when_compression_pays_off",
         "precision_at_scale",
         "hooks_in_the_real_world",
+        "communicate_less_often",
         "from_lab_to_production",
     ]
     names = [p.stem for p in NOTEBOOKS]

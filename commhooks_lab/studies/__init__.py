@@ -1,8 +1,8 @@
 """Studies that answer one question each, built on the notebook API: convergence over seeds and the headroom
 test (``convergence``), bytes and time by rule (``network``), precision at scale (``precision``), the
 ``torch.compile`` matrix (``compile_matrix``), what runs here (``availability``), overlap with backward
-(``overlap``) and gradient accumulation (``accumulation``). May import everything below
-the plots and widgets; nothing below imports it.
+(``overlap``), gradient accumulation (``accumulation``) and syncing every H steps (``low_communication``).
+May import everything below the plots and widgets; nothing below imports it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,16 @@ import importlib
 
 #: ``lab.studies.convergence_study`` and friends, loaded on first use (importing a sibling loads nothing more).
 _CONVERGENCE = ("convergence_study", "convergence_summary", "diverged", "headroom_study", "payoff_lineup", "power_sgd")
-_MODULES = ("accumulation", "availability", "compile_matrix", "convergence", "network", "overlap", "precision")
+_MODULES = (
+    "accumulation",
+    "availability",
+    "compile_matrix",
+    "convergence",
+    "low_communication",
+    "network",
+    "overlap",
+    "precision",
+)
 
 __all__ = [*_CONVERGENCE, *_MODULES]
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..hooks import registry
-from ..hooks.traffic import Shape, bucket_count, numel
+from ..hooks.traffic import Shape, allreduced, bucket_count, numel
 from ..result import Result
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "bytes_table",
     "comm_seconds",
     "compression_cost_per_element",
+    "every_h_traffic",
     "headroom",
     "link_bytes",
     "network_model",
@@ -88,6 +89,14 @@ def rule_traffic(shapes: Sequence[_Shape], hook: str, buckets: int | None = None
     shapes = [tuple(s) for s in shapes]
     buckets = bucket_count(shapes) if buckets is None else buckets
     return {**entry.traffic(shapes, buckets, options), "overlaps_backward": entry.overlaps_backward}
+
+
+def every_h_traffic(shapes: Sequence[_Shape], every: int, bytes_per_element: int = 4) -> dict:
+    """Per step, on average, for a method that all-reduces the whole model in one call every ``every`` steps
+    (the lab's local SGD and DiLoCo; ``bytes_per_element=2`` for a 16-bit outer update): that all-reduce's bytes
+    and its one call divided by ``every``. Nothing is hidden by overlap: the sync runs after the optimizer step."""
+    t = allreduced(bytes_per_element * parameter_count(shapes), 1)
+    return {**{k: v / every for k, v in t.items()}, "overlaps_backward": False}
 
 
 def rule_for(result: Result) -> tuple[str, dict]:

@@ -51,10 +51,14 @@ def _rank_timeline(ctx, hooks: Sequence[str], width: int, depth: int, bucket_cap
             ready = time.perf_counter()
             future = hook(state, bucket)
             returned = time.perf_counter()
+            pending = not future.done()  # a hook that waits inside hands back a completed Future
             index = bucket.index()
 
             def finished(fut):
-                records.append({"bucket": index, "ready": ready, "returned": returned, "done": time.perf_counter()})
+                records.append(
+                    {"bucket": index, "ready": ready, "returned": returned, "done": time.perf_counter(),
+                     "pending_at_return": pending}
+                )  # fmt: skip
                 return fut.value()
 
             return future.then(finished)
@@ -158,6 +162,7 @@ def _one_backward(rows) -> dict:
         "hidden_share": hidden_share(buckets),
         "exposed_ms": 1e3 * (end - _length(_computing(buckets))),
         "in_hook_share": float(inside),
+        "pending_at_return": float(rows["pending_at_return"].mean()),
     }
 
 
@@ -165,8 +170,9 @@ def overlap_summary(timeline) -> Any:
     """Per hook, the median over ranks and repeats of: backward time, autograd's compute time within it,
     communication time (from each hook call to its Future's completion, overlapping buckets merged),
     the share of communication that ran while autograd computed (``hidden_share``), the backward time
-    not spent computing (``exposed_ms``), and the share of a bucket's communication time spent inside
-    the hook call (``in_hook_share``: 1 for a hook that blocks)."""
+    not spent computing (``exposed_ms``), the share of a bucket's communication time spent inside
+    the hook call (``in_hook_share``: 1 for a hook that blocks), and the share of buckets whose Future was still
+    running when the hook returned (``pending_at_return``: 0 for a hook that blocks, by construction)."""
     import pandas as pd
 
     per_backward = [

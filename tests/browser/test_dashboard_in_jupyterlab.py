@@ -177,7 +177,7 @@ def test_the_dashboard_runs_a_hook_chosen_in_the_browser(jupyterlab, page):
         # widget renders above it.
         page.wait_for_selector("text=half_bytes_rank: not attempted yet", timeout=120_000)
         dashboard = page.locator(".jupyter-widgets:has(h3:has-text('HookLab'))").first
-        dashboard.wait_for(timeout=30_000)
+        dashboard.wait_for(timeout=90_000)  # widgets render after the kernel is idle; slow on a loaded machine
         hook = dashboard.locator(".widget-dropdown:has(label:text-is('hook')) select")
         table = dashboard.locator("table.hooklab-runs")
         rows = table.locator("tbody tr")
