@@ -72,6 +72,13 @@ def __dir__():
     return sorted(set(globals()) | set(__all__))
 
 
+def load_ipython_extension(shell) -> None:
+    """``%load_ext commhooks_lab``: the ``%ddp`` / ``%%ddp`` magics (:mod:`commhooks_lab.magics`)."""
+    from .magics import load_ipython_extension as load
+
+    load(shell)
+
+
 from .launcher import numerics as _numerics  # noqa: E402
 
 #: What portable numerics could not pin any more in this process (torch ran before the import); see ``doctor``.

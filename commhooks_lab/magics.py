@@ -1,0 +1,150 @@
+"""``%load_ext commhooks_lab``: run notebook cells on the kernel's warm ranks.
+
+- ``%ddp start [-n 2] [--timeout 30]``: start (or join) the session's warm ranks, the ones ``lab.run`` uses;
+- ``%%ddp [--rank 0[,1...]] [--timeout S]``: run the cell on every rank (or those), each in a namespace of its own
+  that persists between cells, with ``torch``, ``dist`` (initialised), ``ctx``, ``rank`` and ``world_size`` set.
+  Output is labelled by rank, and ranks that print the same are shown once. A rank whose cell raises prints its
+  traceback, named, and the cell fails; the other ranks' namespaces are kept. A cell that hangs (a collective some
+  rank never joins) ends with the launcher's ``WorkerTimeoutError``; that, and an interrupt (Ctrl-C), stop the ranks,
+  so their namespaces are gone and the next cell starts fresh ones;
+- ``%ddp push NAME ...`` / ``%ddp pull NAME [--rank R]``: copy picklable values into every rank / back (a list in
+  rank order, or rank R's value);
+- ``%ddp reset`` forgets the namespaces (the ranks stay); ``%ddp stop`` stops the ranks; ``%ddp status``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+__all__ = ["DDPCellError", "format_outputs", "load_ipython_extension"]
+
+
+class DDPCellError(RuntimeError):
+    """A ``%%ddp`` cell raised on some ranks (their tracebacks were printed above, each named)."""
+
+
+def format_outputs(rows: list[dict]) -> str:
+    """What the ranks printed (and their last values), each text once, headed by the ranks that printed it."""
+    groups: dict[str, list[int]] = {}
+    for row in rows:
+        if row.get("skipped"):
+            continue
+        text = row["out"] + (row["value"] + "\n" if row.get("value") is not None else "")
+        if row["error"] is None and text:
+            groups.setdefault(text, []).append(row["rank"])
+    parts = []
+    for text, ranks in groups.items():
+        label = f"[rank {ranks[0]}]" if len(ranks) == 1 else f"[ranks {', '.join(map(str, ranks))}]"
+        parts.append(f"{label}\n{text}")
+    for row in rows:
+        if not row.get("skipped") and row["error"] is not None:
+            parts.append(f"[rank {row['rank']}] {row['out']}{row['error']}")
+    return "".join(parts)
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, add_help=False, exit_on_error=False)
+    parser.add_argument("--rank", default=None, help="ranks to run on: 0 or 0,2")
+    parser.add_argument("--timeout", type=float, default=None)
+    return parser
+
+
+def _ranks(text: str | None, world_size: int) -> list[int] | None:
+    if text is None:
+        return None
+    ranks = sorted({int(r) for r in text.split(",") if r.strip()})
+    bad = [r for r in ranks if not 0 <= r < world_size]
+    if bad:
+        raise ValueError(f"--rank {text}: ranks are 0..{world_size - 1} here")
+    return ranks
+
+
+class _DDP:
+    """The magics' state: which warm ranks they use."""
+
+    def __init__(self, shell: Any):
+        self.shell = shell
+        self.world_size = 2
+        self.timeout_s: float | None = None
+
+    def cluster(self):
+        from .launcher import session
+        from .launcher.options import DEFAULT_TIMEOUT_S
+
+        return session.get_cluster(self.world_size, timeout_s=self.timeout_s or DEFAULT_TIMEOUT_S)
+
+    def line(self, line: str) -> Any:
+        words = shlex.split(line)
+        command, rest = (words[0], words[1:]) if words else ("status", [])
+        if command == "start":
+            parser = argparse.ArgumentParser(prog="%ddp start", add_help=False, exit_on_error=False)
+            parser.add_argument("-n", type=int, default=2)
+            parser.add_argument("--timeout", type=float, default=None)
+            started = parser.parse_args(rest)
+            self.world_size, self.timeout_s = started.n, started.timeout
+            cluster = self.cluster()
+            cluster.start()
+            print(f"{cluster.world_size} ranks ready (backend {cluster.backend}); run cells with %%ddp")
+            return None
+        if command == "stop":
+            from .launcher import session
+
+            session.close()
+            print("ranks stopped")
+            return None
+        if command == "status":
+            from .launcher import session
+
+            running = [c for c in session.active() if c.world_size == self.world_size]
+            print(f"{self.world_size} ranks {'running' if running else 'not started'}")
+            return None
+        if command == "reset":
+            from .launcher.cells import reset
+
+            self.cluster().run(reset)
+            print("namespaces cleared on every rank")
+            return None
+        if command == "push":
+            from .launcher.cells import push
+
+            values = {name: self.shell.user_ns[name] for name in rest}
+            self.cluster().run(push, values)
+            return None
+        if command == "pull":
+            from .launcher.cells import pull
+
+            options, names = _parser("%ddp pull").parse_known_args(rest)
+            rows = self.cluster().run(pull, names)
+            ranks = _ranks(options.rank, self.world_size)
+            for name in names:
+                per_rank = [row[name] for row in rows]
+                self.shell.user_ns[name] = per_rank[ranks[0]] if ranks else per_rank
+            return None
+        raise ValueError(f"%ddp {command}: use start, stop, status, reset, push, pull (or %%ddp for a cell)")
+
+    def cell(self, line: str, cell: str) -> None:
+        from .launcher.cells import run_cell
+
+        args = _parser("%%ddp").parse_args(shlex.split(line))
+        ranks = _ranks(args.rank, self.world_size)
+        rows = self.cluster().run(run_cell, cell, ranks, timeout_s=args.timeout)
+        text = format_outputs(rows)
+        if text:
+            print(text, end="" if text.endswith("\n") else "\n")
+        failed = [row["rank"] for row in rows if not row.get("skipped") and row["error"] is not None]
+        if failed:
+            names = ", ".join(str(r) for r in failed)
+            raise DDPCellError(f"the cell raised on rank{'s' if len(failed) > 1 else ''} {names} (traceback above)")
+
+
+def load_ipython_extension(shell: Any) -> None:
+    """Register ``%ddp`` and ``%%ddp`` (``%load_ext commhooks_lab``)."""
+    state = _DDP(shell)
+
+    def ddp(line: str, cell: str | None = None) -> Any:
+        return state.line(line) if cell is None else state.cell(line, cell)
+
+    ddp.__doc__ = __doc__
+    shell.register_magic_function(ddp, magic_kind="line_cell", magic_name="ddp")
