@@ -43,6 +43,8 @@ def _option_widget(name: str, default, style: dict) -> w.Widget:
         return w.Checkbox(value=default, description=name)
     if isinstance(default, int):
         return w.IntText(value=default, description=name, style=style)
+    if isinstance(default, str):  # ring16's dtype, DiLoCo's compress
+        return w.Text(value=default, description=name, style=style)
     return w.FloatText(value=default, description=name, style=style)
 
 

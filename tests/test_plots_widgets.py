@@ -226,3 +226,20 @@ def test_error_feedback_puts_per_step_and_summed_error_side_by_side(results):
         labels = [t.get_text() for t in ax.get_legend().get_texts()]
         assert labels == ["power_sgd r1", "power_sgd r1 no EF", "1: as far off as h = 0"]
     assert fig.get_suptitle() == "a takeaway"
+
+
+def test_the_dashboard_shows_every_registered_hooks_options():
+    """Every hook in the dropdown gets a control of its options' types (a text option gets a text box)."""
+    board = lab.HookLab()
+    try:
+        for name in board.hook.options:
+            board.hook.value = name
+            entry = lab.registry.get(name)
+            shown = entry.dashboard_options() if entry.dashboard_options else entry.short_run_options(entry.defaults())
+            values = {c.description: c.value for c in board.options_box.children}
+            assert values == shown, name
+        board.hook.value = "diloco"
+        board.options["compress"].value = "bf16"
+        assert board.config().state_options["compress"] == "bf16"
+    finally:
+        board.close()
