@@ -46,6 +46,17 @@ def test_diloco_reports_the_outer_update_error_and_compression_halves_its_bytes(
     assert (half["outer_rel_error"].dropna().between(1e-5, 2**-7)).all()  # bf16: u = 2^-8, two roundings
 
 
+@pytest.mark.parametrize("compress, rule", [("topk", ("topk", {"ratio": 0.01})), ("int8", ("int8", {}))])
+def test_diloco_through_the_lab_compressors_sends_what_their_byte_rules_say(cluster, compress, rule):
+    run = lab.run(hook=f"diloco[sync_every=4,compress={compress}]", steps=STEPS, measure=False, cluster=cluster)
+    shapes = lab.network.parameter_shapes(lab.models.build_task("mlp", 0).model)
+    per_sync = lab.network.payload(lab.network.rule_traffic(shapes, rule[0], **rule[1]))
+    synced = run.steps[run.steps["synced"].astype(bool)]
+    assert (synced["payload_bytes"] == per_sync).all() and len(synced) == STEPS // 4
+    assert (synced["outer_rel_error"] > 0).all() and (synced["outer_rel_error"] < 1.5).all()
+    assert run.name == f"diloco H=4 {compress}"
+
+
 def test_post_local_sgd_reduces_globally_in_the_warm_up_then_averages_every_period(runs):
     run, ddp = runs.by_name("post_local_sgd H=4").steps, runs.by_name("allreduce").steps
     per_step = ddp["ring_bytes"].iloc[0]
@@ -76,7 +87,7 @@ def test_the_families_are_registered_like_every_hook():
     assert registry.get("diloco").run_name({"sync_every": 8, "compress": "fp16"}) == "diloco H=8 fp16"
     for bad, text in [
         ({"sync_every": 0}, "sync_every must be an int >= 1"),
-        ({"compress": "int8"}, "compress must be"),
+        ({"compress": "int4"}, "compress must be one of"),
         ({"outer_momentum": 1.0}, "outer_momentum must be in"),
     ]:
         with pytest.raises(ValueError, match=text):

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from .contract import completed_future
 
 __all__ = [
+    "average_compressed",
     "Compressor",
     "compressor_hook",
     "CompressorState",
@@ -343,6 +344,14 @@ def _exchange_one(state: CompressorState, grad: torch.Tensor, param: torch.Tenso
     state.pending.add(id(param))
     _exchange(state, [grad], [param])
     return grad
+
+
+def average_compressed(state: CompressorState, tensors: list[torch.Tensor], owners: list[torch.Tensor]) -> None:
+    """Replace each of ``tensors`` by the mean over ranks of what ``state.compressor`` sends for it, in place
+    (``owners`` key the compressor's memory and seeds: the parameters the tensors belong to). One call per step:
+    DiLoCo's compressed outer update uses it on the pseudo-gradients."""
+    _exchange(state, tensors, owners)
+    state.step += 1
 
 
 def _exchange(state: CompressorState, grads: list[torch.Tensor], params: list[torch.Tensor]) -> None:

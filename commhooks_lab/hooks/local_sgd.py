@@ -11,7 +11,9 @@ gradient (DDP's hook sends nothing) and synchronise every ``H = sync_every`` opt
   subgroups of one rank explicitly, so after the warm-up each rank steps alone between averages;
 - ``diloco``: H inner optimizer steps, then the *pseudo-gradient* Δ = θ_global − θ_local is
   averaged over ranks (in float32, or cast to 16 bits first: ``compress``) and an outer SGD step with
-  Nesterov momentum moves θ_global by it (Douillard et al., arXiv 2311.08105; ``torchft/local_sgd.py``).
+  Nesterov momentum moves θ_global by it (Douillard et al., arXiv 2311.08105; ``torchft/local_sgd.py``); the outer
+  update can also go through the lab's int8 codes or top-k 1% with error feedback (``compress="int8"|"topk"``,
+  all-gathered, as INTELLECT-1 and SparseLoCo compress theirs).
 
 The record's ``after_step`` is built in each rank as ``after_step(model, optimizer, options)``; its
 ``after_step(step, uncounted)`` runs after each optimizer step, and the engine counts the bytes of its
@@ -26,7 +28,7 @@ from typing import Any
 
 from .registry import HOOK, HookEntry, register
 
-__all__ = ["DiLoCo", "LocalSGD", "PostLocalSGD"]
+__all__ = ["COMPRESS", "DiLoCo", "LocalSGD", "PostLocalSGD"]
 
 _WHY_NOT_COMPILED = "it steps on each rank's own gradient and synchronises parameters outside backward"
 
@@ -80,8 +82,14 @@ class DiLoCo:
 
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.every = options.get("sync_every", 4)
+        compress = options.get("compress", "none")
         dtypes = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-        self.dtype = dtypes[options.get("compress", "none")]
+        self.dtype = dtypes.get(compress)
+        self.compressed = None  # int8 or top-k with error feedback: the lab's compressors, all-gathered
+        if compress in _COMPRESSORS:
+            from .compressors import CompressorState
+
+            self.compressed = CompressorState(_COMPRESSORS[compress]())
         self.global_params = [p.detach().clone() for p in self.params]  # θ_global, the same on every rank
         momentum = options.get("outer_momentum", 0.9)
         self.outer = torch.optim.SGD(
@@ -101,9 +109,17 @@ class DiLoCo:
             with uncounted():  # the exact mean, for the error column only: not part of the method's bytes
                 dist.all_reduce(exact)
             exact /= world
-            sent = delta.to(self.dtype).div_(world)  # as the 16-bit hooks do: cast, divide, sum
-            dist.all_reduce(sent)
-            mean = sent.to(torch.float32)
+            if self.compressed is None:
+                sent = delta.to(self.dtype).div_(world)  # as the 16-bit hooks do: cast, divide, sum
+                dist.all_reduce(sent)
+                mean = sent.to(torch.float32)
+            else:
+                from .compressors import average_compressed
+
+                split = delta.split([p.numel() for p in self.params])
+                pieces = [d.view_as(p) for d, p in zip(split, self.params)]  # shaped: int8 codes per row
+                average_compressed(self.compressed, pieces, self.params)  # writes the means into delta
+                mean = delta
             error = float((mean.double() - exact).norm() / exact.norm()) if exact.norm() > 0 else 0.0
             at = 0
             for g in self.global_params:
@@ -159,11 +175,29 @@ def _sync_name(name: str):
     return run_name
 
 
+def _int8():
+    from .compressors import Int8PerChannel
+
+    return Int8PerChannel()
+
+
+def _topk_ef():
+    from .compressors import ErrorFeedback, TopK
+
+    return ErrorFeedback(TopK(0.01))
+
+
+#: DiLoCo's outer update through one of the lab's compressors (all-gathered; top-k keeps its residual across syncs).
+_COMPRESSORS = {"int8": _int8, "topk": _topk_ef}
+COMPRESS = ("none", "fp16", "bf16", *_COMPRESSORS)
+
+
 def _check_diloco(options: dict) -> None:
     _check_sync_every(options)
-    if options.get("compress", "none") not in ("none", "fp16", "bf16"):
+    if options.get("compress", "none") not in COMPRESS:
         raise ValueError(
-            f"compress must be 'none', 'fp16' or 'bf16' (the outer all-reduce's dtype), got {options['compress']!r}"
+            f"compress must be one of {list(COMPRESS)} (float32, 16 bits on the wire, 8-bit codes per row, or "
+            f"top-k 1% with error feedback), got {options['compress']!r}"
         )
     if not 0 <= options.get("outer_momentum", 0.9) < 1:
         raise ValueError(f"outer_momentum must be in [0, 1), got {options['outer_momentum']!r}")
