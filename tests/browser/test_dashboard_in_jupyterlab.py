@@ -85,6 +85,8 @@ def jupyterlab(tmp_path):
     port, token = _free_port(), secrets.token_hex(16)
     env = {
         **os.environ,
+        # `python -m jupyter lab` finds `jupyter-lab` on PATH: this interpreter's first, not an activated venv's
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "JUPYTER_CONFIG_DIR": str(dirs["config"]),
         "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
         "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
