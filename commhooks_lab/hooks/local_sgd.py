@@ -144,9 +144,9 @@ class PostLocalSGD:
         )
 
     def after_step(self, step: int, uncounted: Any = contextlib.nullcontext) -> dict:
-        before = self.averager.step
+        synced = _averaged(self.averager.step, self.averager)
         self.averager.average_parameters(self.params)
-        return {"synced": self.averager.step > before and _averaged(before, self.averager)}
+        return {"synced": synced}
 
 
 def _averaged(step: int, averager: Any) -> bool:

@@ -27,13 +27,14 @@ def _rank_accumulate(ctx, hook: str, k: int, steps: int, static_graph: bool, war
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from ..hooks import registry
     from ..hooks.choice import build_hook, check_hook_choice
     from ..measure.payload import PayloadCounter
 
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)),
                 static_graph=static_graph)  # fmt: skip
-    choice = check_hook_choice(hook, state_options={"start_powerSGD_iter": 2} if "power_sgd" in hook else {})
+    choice = check_hook_choice(hook, state_options=registry.get(hook).short_run())  # PowerSGD: from step 2
     inner, state = build_hook(choice)
     calls: list[int] = []
 

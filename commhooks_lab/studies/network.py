@@ -68,13 +68,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_Shape = Shape
-_numel = numel
-
 # -- bytes by rule --------------------------------------------------------------------------------------
 
 
-def rule_traffic(shapes: Sequence[_Shape], hook: str, buckets: int | None = None, **options: Any) -> dict:
+def rule_traffic(shapes: Sequence[Shape], hook: str, buckets: int | None = None, **options: Any) -> dict:
     """Bytes and collectives one rank hands over in a step where ``hook`` compresses (float32 gradients).
 
     ``hook`` is a registry name and ``options`` its state options; the rule is the hook's registry
@@ -91,7 +88,7 @@ def rule_traffic(shapes: Sequence[_Shape], hook: str, buckets: int | None = None
     return {**entry.traffic(shapes, buckets, options), "overlaps_backward": entry.overlaps_backward}
 
 
-def every_h_traffic(shapes: Sequence[_Shape], every: int, bytes_per_element: int = 4) -> dict:
+def every_h_traffic(shapes: Sequence[Shape], every: int, bytes_per_element: int = 4) -> dict:
     """Per step, on average, for a method that all-reduces the whole model in one call every ``every`` steps
     (the lab's local SGD and DiLoCo; ``bytes_per_element=2`` for a 16-bit outer update): that all-reduce's bytes
     and its one call divided by ``every``. Nothing is hidden by overlap: the sync runs after the optimizer step."""
@@ -107,12 +104,12 @@ def rule_for(result: Result) -> tuple[str, dict]:
     return hook, dict(result.config.get("state_options") or {})
 
 
-def parameter_shapes(model: nn.Module) -> list[_Shape]:
+def parameter_shapes(model: nn.Module) -> list[Shape]:
     return [tuple(p.shape) for p in model.parameters() if p.requires_grad]
 
 
-def parameter_count(shapes: Sequence[_Shape]) -> int:
-    return sum(_numel(s) for s in shapes)
+def parameter_count(shapes: Sequence[Shape]) -> int:
+    return sum(numel(s) for s in shapes)
 
 
 def payload(t: Mapping[str, float]) -> float:
@@ -178,9 +175,9 @@ ARCHITECTURES: dict[str, tuple[Callable[[], nn.Module], str]] = {
 }
 
 
-def architectures(include_lab_models: bool = True) -> dict[str, list[_Shape]]:
+def architectures(include_lab_models: bool = True) -> dict[str, list[Shape]]:
     """Parameter shapes of real models, built with torch.nn on the meta device; the lab's models first."""
-    out: dict[str, list[_Shape]] = {}
+    out: dict[str, list[Shape]] = {}
     if include_lab_models:
         from ..engine.models import build_task
 
@@ -193,7 +190,7 @@ def architectures(include_lab_models: bool = True) -> dict[str, list[_Shape]]:
 
 
 def bytes_table(
-    models: Mapping[str, Sequence[_Shape]], hooks: Mapping[str, tuple[str, dict]], world_size: int = 8
+    models: Mapping[str, Sequence[Shape]], hooks: Mapping[str, tuple[str, dict]], world_size: int = 8
 ) -> pd.DataFrame:
     """For every model and hook: payload and bytes over each rank's link per step, by rule.
 
@@ -208,7 +205,7 @@ def bytes_table(
             rows.append(
                 {
                     "model": model,
-                    "parameters": sum(_numel(s) for s in shapes),
+                    "parameters": sum(numel(s) for s in shapes),
                     "hook": label,
                     "payload_bytes": t["allreduce_bytes"] + t["allgather_bytes"],
                     "link_bytes": link_bytes(t, world_size),
@@ -219,7 +216,7 @@ def bytes_table(
 
 
 def world_size_sweep(
-    shapes: Sequence[_Shape], hooks: Mapping[str, tuple[str, dict]], world_sizes: Sequence[int]
+    shapes: Sequence[Shape], hooks: Mapping[str, tuple[str, dict]], world_sizes: Sequence[int]
 ) -> pd.DataFrame:
     """Bytes over each rank's link per step against world size: all-gathered payloads grow with W."""
     rows = []

@@ -154,13 +154,14 @@ def _one_backward(rows) -> dict:
     buckets = list(zip(rows["ready"], rows["returned"], rows["done"]))
     end = float(rows["end"].iloc[0])
     inside = ((rows["returned"] - rows["ready"]) / (rows["done"] - rows["ready"])).median()
+    compute = _length(_computing(buckets))
     return {
         "buckets": len(rows),
         "backward_ms": 1e3 * end,
-        "compute_ms": 1e3 * _length(_computing(buckets)),
+        "compute_ms": 1e3 * compute,
         "comm_ms": 1e3 * _length(_union([(r, d) for r, _, d in buckets])),
         "hidden_share": hidden_share(buckets),
-        "exposed_ms": 1e3 * (end - _length(_computing(buckets))),
+        "exposed_ms": 1e3 * (end - compute),
         "in_hook_share": float(inside),
         "pending_at_return": float(rows["pending_at_return"].mean()),
     }
