@@ -4,7 +4,7 @@ none calls ``plt.show()`` (a notebook cell does, so that nbval sees a stable out
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -30,7 +30,10 @@ __all__ = [
     "precision_histogram",
     "resumed",
     "singular_values",
+    "takeaway",
     "tradeoff",
+    "tradeoff_points",
+    "TradeoffPoint",
 ]
 
 if TYPE_CHECKING:
@@ -143,25 +146,39 @@ def _averaged_over(result: Result) -> str:
     return f" (steps {int(steps.min())}-{int(steps.max())})"
 
 
-def _draw_tradeoff(ax, results: list[Result], colors: dict[str, Any] | None = None) -> None:
-    """One point per hook; a hook that sends nothing (noop) sits left of a break, at "0"."""
-    colors = colors or _colors(results)
+class TradeoffPoint(NamedTuple):
+    """One hook on the bytes/error plane: where to draw it and what to call it."""
+
+    result: Result
+    x: float  # payload / fp32 payload; a hook that sends nothing sits at ``zero_x``
+    y: float  # mean rel_error per step, floored for the log axis
+    silent: bool  # sends 0 bytes
+    label: str
+
+
+def tradeoff_points(results: list[Result]) -> tuple[list[TradeoffPoint], float, float]:
+    """(points, smallest nonzero x, zero_x): the trade-off's points, for the notebook's figure and the dashboard's."""
     rows = [(r, r.summary()) for r in results]
     rows = [(r, row) for r, row in rows if "rel_error" in row and row["payload_vs_fp32"] >= 0]
     sent = [row["payload_vs_fp32"] for _, row in rows if row["payload_vs_fp32"] > 0]
     smallest = min(sent, default=1.0)
     zero_x = smallest / 6  # where "sends 0 bytes" is drawn on the log axis
+    points = []
     for r, row in rows:
         silent = row["payload_vs_fp32"] == 0
+        label = f"{r.name}{' (sends 0 B)' if silent else ''}{_averaged_over(r)}"
         x = zero_x if silent else row["payload_vs_fp32"]
+        points.append(TradeoffPoint(r, x, max(row["rel_error"], FLOOR), silent, label))
+    return points, smallest, zero_x
+
+
+def _draw_tradeoff(ax, results: list[Result], colors: dict[str, Any] | None = None) -> None:
+    """One point per hook; a hook that sends nothing (noop) sits left of a break, at "0"."""
+    colors = colors or _colors(results)
+    points, smallest, zero_x = tradeoff_points(results)
+    for p in points:
         ax.scatter(
-            [x],
-            [max(row["rel_error"], FLOOR)],
-            s=55,
-            color=colors[r.name],
-            marker="X" if silent else "o",
-            label=f"{r.name}{' (sends 0 B)' if silent else ''}{_averaged_over(r)}",
-            zorder=3,
+            [p.x], [p.y], s=55, color=colors[p.result.name], marker="X" if p.silent else "o", label=p.label, zorder=3
         )
     ax.set(
         xscale="log",
@@ -172,7 +189,7 @@ def _draw_tradeoff(ax, results: list[Result], colors: dict[str, Any] | None = No
     )
     ax.xaxis.set_minor_locator(NullLocator())
     decades = [10.0**k for k in range(int(np.floor(np.log10(smallest))), 1) if 10.0**k > 2.5 * zero_x]
-    if any(row["payload_vs_fp32"] == 0 for _, row in rows):
+    if any(p.silent for p in points):
         ax.axvline(np.sqrt(zero_x * smallest), color="gray", linewidth=0.8, linestyle=":")
         ax.set_xticks([zero_x, *decades], ["0", *[f"{d:g}" for d in decades]])
         ax.set_xlim(zero_x / 2, 2.0)
@@ -190,7 +207,7 @@ def tradeoff(results: Iterable[Result]) -> Figure:
     return fig
 
 
-def _takeaway(results: list[Result]) -> str:
+def takeaway(results: list[Result]) -> str:
     """The overview's title: which compressing hook saves most bytes, which keeps the error lowest."""
     rows = [r.summary() for r in results]
     compressing = [row for row in rows if "rel_error" in row and 0 < row["payload_vs_fp32"] < 1]
@@ -330,7 +347,7 @@ def overview(results: Iterable[Result]) -> Figure:
     ax_err.set(yscale="log", xlabel="step", ylabel="rel_error = ||h - exact|| / ||exact||", title="Error per step")
     ax_err.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0.0, -0.13), ncols=3)
     _draw_tradeoff(ax_trade, results, colors)
-    fig.suptitle(_takeaway(results))
+    fig.suptitle(takeaway(results))
     return fig
 
 

@@ -2,39 +2,30 @@
 
 The dashboard runs on the session's warm ranks (:mod:`commhooks_lab.launcher.session`, shared with
 ``lab.run``, started in the background when the dashboard is made), so a click costs its steps,
-not a start-up. Plots are PNG images and the runs table is HTML, so what the dashboard shows
-is plain widget state: a test can drive it in the kernel (``lab.run_button.click()``) and read
-exactly what a browser would render.
+not a start-up. Its figures are bqplot marks updated in place (:mod:`commhooks_lab.live_plots`): the
+error and rank-spread curves grow by one point per step while the ranks train, and nothing is
+redrawn in the kernel. The runs table is HTML, so what the dashboard shows is plain widget state: a
+test can drive it in the kernel (``board.run_button.click()``) and read exactly what a browser draws.
 """
 
 from __future__ import annotations
 
 import html
-import io
 import threading
 import time
 
 import ipywidgets as w
-import matplotlib.pyplot as plt
 
 from .engine.config import ExperimentConfig
 from .engine.models import TASKS
 from .experiment import run
 from .hooks import registry
 from .launcher import Cluster, session
-from .plots import gradient_agreement, overview
+from .live_plots import LiveFigures
 from .result import ResultSet
 from .studies.availability import available_hooks
 
 __all__ = ["HookLab"]
-
-
-def _figure_png(fig, dpi: int = 80) -> bytes:
-    """Render and close a figure: the dashboard shows bytes, never leaves figures open."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    plt.close(fig)
-    return buffer.getvalue()
 
 
 def _option_widget(name: str, default, style: dict) -> w.Widget:
@@ -84,8 +75,8 @@ class HookLab:
         self.progress = w.IntProgress(value=0, min=0, max=steps, description="steps done")
         self.status = w.HTML("ready: nothing has run yet")
         self.error = w.HTML("")
-        self.plot = w.Image(format="png", layout=w.Layout(max_width="100%"))
-        self.agreement = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.figures = LiveFigures(max_plotted_runs)
+        self.plot, self.agreement = self.figures.overview, self.figures.agreement
         self.table = w.HTML("")
         self.results = ResultSet()
         self.cluster: Cluster | None = None  # the ranks the last click ran on
@@ -161,6 +152,7 @@ class HookLab:
             world_size=self.world_size.value,
             steps=self.steps.value,
             model=self.model.value,
+            live=True,  # each step's row comes back as it is measured: the curves grow while the ranks train
         )
 
     # -- running ---------------------------------------------------------------------------------
@@ -176,6 +168,7 @@ class HookLab:
 
     def _on_step(self, rank: int, event: dict) -> None:
         self.progress.value = event["step"]
+        self.figures.add_rows(event.get("rows", []))
 
     def _on_run(self, _button=None) -> None:
         """Run what the controls say; any error lands in the dashboard, which stays usable."""
@@ -188,6 +181,7 @@ class HookLab:
             self.progress.max, self.progress.value = config.steps, 0
             cluster = self._cluster_for(config.world_size)
             self.status.value = f"running {html.escape(config.name)} on {config.world_size} ranks..."
+            self.figures.start_run(config.name, list(self.results))
             result = run(config, cluster=cluster, on_step=self._on_step)
             self.results.append(result)
             self._render()
@@ -206,9 +200,7 @@ class HookLab:
             self.last_click_s = time.perf_counter() - start
 
     def _render(self) -> None:
-        recent = self.results[-self.max_plotted_runs :]
-        self.plot.value = _figure_png(overview(recent))  # _figure_png closes each figure it renders
-        self.agreement.value = _figure_png(gradient_agreement(self.results[-1]))
+        self.figures.show(list(self.results))
         table = self.results.table().drop(columns=["notes"])
         table.index = [f"{i + 1}. {name}" for i, name in enumerate(table.index)]
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in dict.fromkeys(self.results[-1].notes))

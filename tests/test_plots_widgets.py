@@ -13,7 +13,6 @@ from commhooks_lab import plots  # noqa: E402
 from commhooks_lab.widgets import HookLab  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
-PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
@@ -163,9 +162,12 @@ def test_the_dashboard_runs_exactly_what_its_controls_say(dashboard):
     payload = list(result.steps["payload_bytes"])  # fp16 halves from the start; PowerSGD from step 3
     assert payload[0] == payload[2] == result.steps["uncompressed_bytes"].iloc[0] // 2 > payload[3]
     assert dashboard.progress.value == dashboard.progress.max == 4
-    assert bytes(dashboard.plot.value).startswith(PNG) and bytes(dashboard.agreement.value).startswith(PNG)
+    line = dashboard.figures.error_lines[0]  # what the browser draws: the marks' data
+    assert list(line.labels) == [result.name] and list(line.x) == [0, 1, 2, 3]
+    np.testing.assert_array_equal(line.y, np.maximum(result.steps["rel_error"], plots.FLOOR))
+    assert [str(n) for n in dashboard.figures.points.names] == [result.name]  # fp16 compressed every step
     assert "fp16_wrapper(power_sgd r2 no EF no warm start)" in dashboard.table.value
-    assert not plt.get_fignums()  # the dashboard leaves no figure open
+    assert not plt.get_fignums()  # the dashboard opens no matplotlib figure
 
 
 def test_a_bad_option_shows_its_message_and_the_dashboard_stays_usable(dashboard):
@@ -243,3 +245,36 @@ def test_the_dashboard_shows_every_registered_hooks_options():
         assert board.config().state_options["compress"] == "bf16"
     finally:
         board.close()
+
+
+def test_the_curves_grow_per_step_while_the_ranks_train_and_the_marks_are_updated_in_place(dashboard):
+    """Each step's row arrives as an event before the run ends; a second click reuses the same marks."""
+    marks = [id(m) for m in (*dashboard.figures.error_lines, dashboard.figures.points, dashboard.figures.spread_line)]
+    lengths: list[tuple[int, int]] = []
+    add_rows = dashboard.figures.add_rows
+
+    def spy(rows):
+        add_rows(rows)
+        lengths.append((dashboard.progress.value, len(dashboard.figures.error_lines[-1].x)))
+
+    dashboard.figures.add_rows = spy
+    dashboard.hook.value = "fp16"
+    dashboard.run_button.click()
+    assert lengths == [(1, 1), (2, 2), (3, 3), (4, 4)]  # step k's event carries step k's measured row
+    dashboard.hook.value = "power_sgd"
+    dashboard.run_button.click()
+    assert lengths[4:] == [(1, 1), (2, 2), (3, 3), (4, 4)]
+    again = [id(m) for m in (*dashboard.figures.error_lines, dashboard.figures.points, dashboard.figures.spread_line)]
+    assert again == marks
+    first, second = dashboard.figures.error_lines[:2]
+    assert [list(first.labels), list(second.labels)] == [["fp16"], ["power_sgd r1"]]
+    assert list(first.colors) != list(second.colors)  # each run keeps its own colour
+    assert not any(len(line.x) for line in dashboard.figures.error_lines[2:])
+
+
+def test_live_rows_change_no_number():
+    """live=True measures each step as it ends; the steps table is the same, bit for bit, as a batched run's."""
+    batched = lab.run(hook="power_sgd", state_options={"start_powerSGD_iter": 2}, steps=6)
+    live = lab.run(hook="power_sgd", state_options={"start_powerSGD_iter": 2}, steps=6, live=True)
+    columns = ["rel_error", "cosine", "rank_spread", "payload_bytes", "loss", "cumulative_rel_error"]
+    assert batched.steps[columns].equals(live.steps[columns])

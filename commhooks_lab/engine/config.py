@@ -88,6 +88,7 @@ class ExperimentConfig:
     checkpoint_dir: str | None = None  # where: one folder per checkpoint (files per rank, run.json)
     resume_from: str | None = None  # a checkpoint_dir: start new ranks at its step
     resume_hook_state: bool = True  # False: restore everything but the hook's memory (what a plain resume does)
+    live: bool = False  # measure each step as it ends and send its row to the notebook (the dashboard's curves)
 
     def __post_init__(self) -> None:
         self.hook, self.state_options = split_spec(self.hook, self.state_options)  # "topk[ratio=0.05]"

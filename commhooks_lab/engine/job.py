@@ -106,14 +106,16 @@ def _train(ctx, config: ExperimentConfig, choice: HookChoice) -> dict:
             nonfinite = _nonfinite_note(step, loss, task.model, config)
         if task.test is not None and config.eval_every and (step + 1) % config.eval_every == 0:
             record["accuracy"] = accuracy(task.model, task.test, ctx.device)
-        if probe.should_flush() or config.checkpoint_at == step + 1:
-            flush(final=False)
+        measured = len(steps)
+        if config.live or probe.should_flush() or config.checkpoint_at == step + 1:
+            flush(final=False)  # the same numbers whenever it runs: each step is measured on its own
         if config.checkpoint_at == step + 1:
             from .resume import save_checkpoint
 
             save_checkpoint(ctx, config, step + 1, setup, task, probe, (steps, layers))
         if ctx.is_main:
-            ctx.report(step=step + 1, steps=config.steps, loss_rank0=loss.item())
+            live_rows = {"rows": steps[measured:]} if config.live else {}
+            ctx.report(step=step + 1, steps=config.steps, loss_rank0=loss.item(), **live_rows)
     flush(final=True)  # the last step's gradients go to rank 0 for the sample
     digest = param_digest(task.model)
     if not ctx.is_main:

@@ -8,6 +8,7 @@ What the names mean lives in :mod:`commhooks_lab.hooks.registry`. A hook of your
 from __future__ import annotations
 
 import inspect
+import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -159,13 +160,16 @@ def check_hook_choice(
     api: str = "torch",
 ) -> HookChoice:
     """Validate before any process starts; every message says what to do instead (for this ``api``)."""
-    from .compressors import Compressor, compressor_hook, make_state
-
     hook, options = split_spec(_normalize(hook), state_options)
     options = dict(options or {})
     wrapper = _normalize(wrapper)
     wrapper_entry = registry.get("no" if wrapper is None else wrapper, registry.WRAPPER)
-    if isinstance(hook, Compressor):
+    # A Compressor instance means its module is loaded; not importing it otherwise keeps torch._dynamo (2-3 s,
+    # pulled in by its torch.compiler.disable) out of a kernel's first run.
+    compressors = sys.modules.get(f"{__package__}.compressors")
+    if compressors is not None and isinstance(hook, compressors.Compressor):
+        from .compressors import compressor_hook, make_state
+
         if wrapper_entry.name != "no":
             raise ValueError(f"the compressor {hook.name} makes its own payload; drop wrapper={wrapper!r}")
         unknown = set(options) - {"seed"}
