@@ -8,6 +8,7 @@ marks are made once, with the dashboard; what a browser shows is their data, whi
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import bqplot as bq
@@ -21,7 +22,8 @@ from .result import Result
 
 __all__ = ["LiveFigures"]
 
-COLORS: list[str] = [to_hex(c) for c in rcParams["axes.prop_cycle"].by_key()["color"]]  # the notebooks' colours, in their order
+#: The notebooks' colours, in their order.
+COLORS: list[str] = [to_hex(c) for c in rcParams["axes.prop_cycle"].by_key()["color"]]
 _EMPTY = np.zeros(0)
 _SIZE = {"height": "330px", "width": "50%"}
 
@@ -35,11 +37,24 @@ def _figure(title: str, x_scale, y_scale, x_label: str, y_label: str, marks: lis
         marks=marks,
         axes=axes,
         title=title,
-        legend_location="top-right" if legend else "top-left",
-        fig_margin={"top": 50, "bottom": 50, "left": 75, "right": 20},
+        title_style={"font-size": "14px"},
+        legend_location="bottom-right" if legend else "top-left",
+        legend_text={"font-size": "11px"},
+        legend_style={"fill": "white", "fill-opacity": 0.7, "stroke-width": 0},
+        fig_margin={"top": 40, "bottom": 50, "left": 75, "right": 20},
         layout=w.Layout(**_SIZE),
         animation_duration=0,
     )
+
+
+def decades(values: np.ndarray, most: int = 7) -> np.ndarray:
+    """Tick values for a log axis: powers of ten spanning ``values``, every other one (or more) if there are many."""
+    values = values[np.isfinite(values) & (values > 0)]
+    if not len(values):
+        return np.asarray([1.0])
+    low, high = int(np.floor(np.log10(values.min()))), int(np.ceil(np.log10(values.max())))
+    stride = max(1, -(-(high - low + 1) // most))
+    return 10.0 ** np.arange(high, low - 1, -stride)[::-1]
 
 
 def color_of(index: int) -> str:
@@ -80,9 +95,7 @@ class LiveFigures:
         )
         exact, hook = bq.LinearScale(), bq.LinearScale()
         self.diagonal = bq.Lines(x=_EMPTY, y=_EMPTY, scales={"x": exact, "y": hook}, colors=["black"], stroke_width=1)
-        self.sample = bq.Scatter(
-            x=_EMPTY, y=_EMPTY, scales={"x": exact, "y": hook}, default_size=8, opacities=[0.5]
-        )
+        self.sample = bq.Scatter(x=_EMPTY, y=_EMPTY, scales={"x": exact, "y": hook}, default_size=8, opacities=[0.5])
         self.agreement_figure = _figure(
             "The hook's gradient against the exact mean",
             exact,
@@ -93,7 +106,9 @@ class LiveFigures:
         )
         self.agreement_figure.axes[1].tick_format = ".1e"
         self.agreement_figure.axes[0].tick_format = ".1e"
-        self.overview = w.HBox([self.error, self.tradeoff])
+        #: The upper row's one-line reading (plots.takeaway), as text above it: a figure title would be cut.
+        self.takeaway = w.HTML("")
+        self.overview = w.VBox([self.takeaway, w.HBox([self.error, self.tradeoff])])
         self.agreement = w.HBox([self.spread, self.agreement_figure])
         self._live: dict[str, list[float]] = {"step": [], "rel_error": [], "rank_spread": []}
 
@@ -125,6 +140,12 @@ class LiveFigures:
             line.x, line.y = steps, np.maximum(self._live["rel_error"], FLOOR)
         with self.spread_line.hold_sync():
             self.spread_line.x, self.spread_line.y = steps, np.maximum(self._live["rank_spread"], FLOOR)
+        self._log_ticks()
+
+    def _log_ticks(self) -> None:
+        """Decades on the log axes whose data just changed (bqplot's own log ticks crowd: 2e-1 3e-1 ...)."""
+        self.error.axes[1].tick_values = decades(np.concatenate([line.y for line in self.error_lines]))
+        self.spread.axes[1].tick_values = decades(np.asarray(self.spread_line.y))
 
     # -- when a run ends -------------------------------------------------------------------------------
     def show(self, results: list[Result]) -> None:
@@ -132,7 +153,7 @@ class LiveFigures:
         recent = results[-self.max_runs :]
         offset = len(results) - len(recent)
         self._draw_error_lines(recent, offset, pad_to=self.max_runs)
-        self.error.title = takeaway(recent)
+        self.takeaway.value = f"<b>{html.escape(takeaway(recent))}</b>"
         points, _, _ = tradeoff_points(recent)
         index = {id(r): offset + i for i, r in enumerate(recent)}
         with self.points.hold_sync():
@@ -140,7 +161,10 @@ class LiveFigures:
             self.points.y = np.asarray([p.y for p in points])
             self.points.names = [p.label for p in points]
             self.points.colors = [color_of(index[id(p.result)]) for p in points]
+        x_axis, y_axis = self.tradeoff.axes
+        x_axis.tick_values, y_axis.tick_values = decades(self.points.x), decades(self.points.y)
         self._show_agreement(results[-1], len(results) - 1)
+        self._log_ticks()
 
     def _draw_error_lines(self, runs: list[Result], first_index: int, pad_to: int | None = None) -> None:
         lines = self.error_lines[: len(runs)]

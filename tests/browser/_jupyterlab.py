@@ -1,0 +1,183 @@
+"""What the browser tests share: a private JupyterLab 4 server, headless Debian Chromium through Playwright, Run All.
+
+Importing this module skips the importing test module when Chromium or Playwright is missing (and fails it under
+CI, which must install them). No network is used: Playwright drives the system Chromium, and JupyterLab is told
+not to fetch news or check for updates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("COMMHOOKS_CHROMIUM", "/usr/bin/chromium")
+SCREENSHOTS = Path(os.environ.get("COMMHOOKS_SCREENSHOTS", ROOT / "tests" / "browser" / "screenshots"))
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+SETTINGS = {  # what a fresh JupyterLab would otherwise stop to ask, or fetch from the network
+    # windowingMode "none": JupyterLab 4.6 renders (and so runs) cells lazily in its windowed mode, which left
+    # the last cells of a long notebook unexecuted by Run All in a headless browser.
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {
+        "autoStartDefaultKernel": True,
+        "windowingMode": "none",
+    },
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
+}
+
+if not Path(CHROMIUM).exists():
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must install Chromium ({CHROMIUM}): apt-get install -y chromium", pytrace=False)
+    pytest.skip(
+        f"no Chromium at {CHROMIUM} (apt-get install -y chromium, or set COMMHOOKS_CHROMIUM)", allow_module_level=True
+    )
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (no browser download needed)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check, timeout_s: float, what: str, poll_s: float = 0.25):
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise TimeoutError(f"{what} not ready after {timeout_s} s")
+
+
+@dataclass
+class JupyterLab:
+    """A running server: ``url`` opens the notebook; ``server`` is its process; ``log`` its output."""
+
+    url: str
+    server: subprocess.Popen
+    log: Path
+
+
+@contextlib.contextmanager
+def running_jupyterlab(tmp_path: Path, notebook: Path, name: str) -> Iterator[JupyterLab]:
+    """A private JupyterLab on 127.0.0.1 with its own config, runtime, settings and workspaces, serving a copy
+    of ``notebook`` as ``name``; stopped with SIGTERM on exit (the server shuts its kernels down first)."""
+    dirs = {d: tmp_path / d for d in ("root", "config", "runtime", "settings", "workspaces")}
+    for path in dirs.values():
+        path.mkdir()
+    for settings, values in SETTINGS.items():
+        target = dirs["settings"] / settings
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(values))
+    shutil.copy(notebook, dirs["root"] / name)
+    port, token = free_port(), secrets.token_hex(16)
+    env = {
+        **os.environ,
+        # `python -m jupyter lab` finds `jupyter-lab` on PATH: this interpreter's first, not an activated venv's
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "JUPYTER_CONFIG_DIR": str(dirs["config"]),
+        "JUPYTER_RUNTIME_DIR": str(dirs["runtime"]),
+        "JUPYTERLAB_SETTINGS_DIR": str(dirs["settings"]),
+        "JUPYTERLAB_WORKSPACES_DIR": str(dirs["workspaces"]),
+    }
+    log_path = tmp_path / "jupyterlab.log"
+    log = open(log_path, "w")
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ip",
+            "127.0.0.1",
+            f"--port={port}",
+            "--allow-root",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={dirs['root']}",
+            f"--LabApp.user_settings_dir={dirs['settings']}",
+            f"--LabApp.workspaces_dir={dirs['workspaces']}",
+            "--ServerApp.open_browser=False",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+
+    def status_ok():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            if server.poll() is not None:
+                pytest.fail(f"JupyterLab exited: {log_path.read_text()}")
+            return False
+
+    try:
+        wait_until(status_ok, 60, "JupyterLab's server")
+        yield JupyterLab(f"http://127.0.0.1:{port}/lab/tree/{name}?token={token}", server, log_path)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server and every kernel it started
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(5)
+        log.close()
+
+
+@contextlib.contextmanager
+def browser_page() -> Iterator:
+    """A page of headless Chromium, 1400 x 1000."""
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser.new_page(viewport={"width": 1400, "height": 1000})
+        finally:
+            browser.close()
+
+
+FIRST_PROMPT_RAN = """() => {
+    const prompt = document.querySelector('.jp-CodeCell .jp-InputPrompt');
+    return prompt !== null && /\\[(\\d+|\\*)\\]/.test(prompt.innerText);
+}"""
+
+
+def run_all_cells(page, attempts: int = 3) -> None:
+    """Run All once the kernel is idle, and retry if no cell starts: a Run All sent while the
+    session is still connecting walks through the cells without executing any of them."""
+    for attempt in range(attempts):
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.click("li.lm-MenuBar-item:has-text('Run')")
+        page.click("li.lm-Menu-item:has-text('Run All Cells')")
+        try:
+            page.wait_for_function(FIRST_PROMPT_RAN, timeout=20_000)
+            return
+        except sync_api.TimeoutError:
+            if attempt == attempts - 1:
+                raise
