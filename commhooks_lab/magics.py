@@ -1,8 +1,11 @@
 """``%load_ext commhooks_lab``: run notebook cells on the kernel's warm ranks.
 
 - ``%ddp start [-n 2] [--timeout 30]``: start (or join) the session's warm ranks, the ones ``lab.run`` uses;
-- ``%%ddp [--rank 0[,1...]] [--timeout S]``: run the cell on every rank (or those), each in a namespace of its own
-  that persists between cells, with ``torch``, ``dist`` (initialised), ``ctx``, ``rank`` and ``world_size`` set.
+- ``%%ddp [--rank 0[,1...]] [--timeout S] [--measure]``: run the cell on every rank (or those), each in a namespace
+  of its own that persists between cells, with ``torch``, ``dist`` (initialised), ``ctx``, ``rank`` and
+  ``world_size`` set. ``--measure`` (every rank): a hook registered in the cell runs inside the lab's probe, each
+  backward through its model is a step, and after the cell rank 0 shows every step recorded so far, measured as
+  ``lab.run`` measures (``rel_error``, ``cosine``, ``rank_spread``, bytes); ``measured`` holds them (a DataFrame).
   Output is labelled by rank, and ranks that print the same are shown once. A rank whose cell raises prints its
   traceback, named, and the cell fails; the other ranks' namespaces are kept. A cell that hangs (a collective some
   rank never joins) ends with the launcher's ``WorkerTimeoutError``; that, and an interrupt (Ctrl-C), stop the ranks,
@@ -18,7 +21,7 @@ import argparse
 import shlex
 from typing import Any
 
-__all__ = ["DDPCellError", "format_outputs", "load_ipython_extension"]
+__all__ = ["DDPCellError", "format_outputs", "load_ipython_extension", "measured_cell"]
 
 
 class DDPCellError(RuntimeError):
@@ -48,7 +51,37 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, add_help=False, exit_on_error=False)
     parser.add_argument("--rank", default=None, help="ranks to run on: 0 or 0,2")
     parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--measure", action="store_true", help="probe hooks registered in the cell")
     return parser
+
+
+def measured_cell(ctx, code: str, key: str = "ddp") -> dict:
+    """A rank's side of ``%%ddp --measure``: the cell with its new hooks probed, then every recorded step measured.
+
+    Measuring communicates, so it runs only if the cell raised on no rank (the ranks agree on that first).
+    """
+    import pandas as pd
+    import torch
+    import torch.distributed as dist
+
+    from .launcher.cells import namespace, run_cell
+    from .measure.hand_hooks import COLUMNS, measure_steps, probing
+
+    ns = namespace(ctx, key)
+    probes = ns.setdefault("__probes__", [])  # %ddp reset forgets them with the namespace
+    with probing(ctx, probes):
+        row = run_cell(ctx, code, None, key)
+    failed = torch.tensor([row["error"] is not None], dtype=torch.int32)
+    dist.all_reduce(failed)
+    if failed.item():
+        return row
+    table = measure_steps(probes)
+    if table is not None:
+        earlier = ns.get("measured")
+        ns["measured"] = table if earlier is None else pd.concat([earlier, table], ignore_index=True)
+        shown = table[COLUMNS].to_string(index=False, float_format="{:.3g}".format)
+        row["out"] += f"measured by the lab's probe (rank 0 keeps every step in `measured`):\n{shown}\n"
+    return row
 
 
 def _ranks(text: str | None, world_size: int) -> list[int] | None:
@@ -116,11 +149,10 @@ class _DDP:
             from .launcher.cells import pull
 
             options, names = _parser("%ddp pull").parse_known_args(rest)
-            rows = self.cluster().run(pull, names)
             ranks = _ranks(options.rank, self.world_size)
+            rows = self.cluster().run(pull, names, ranks)
             for name in names:
-                per_rank = [row[name] for row in rows]
-                self.shell.user_ns[name] = per_rank[ranks[0]] if ranks else per_rank
+                self.shell.user_ns[name] = rows[ranks[0]][name] if ranks else [row[name] for row in rows]
             return None
         raise ValueError(f"%ddp {command}: use start, stop, status, reset, push, pull (or %%ddp for a cell)")
 
@@ -129,7 +161,12 @@ class _DDP:
 
         args = _parser("%%ddp").parse_args(shlex.split(line))
         ranks = _ranks(args.rank, self.world_size)
-        rows = self.cluster().run(run_cell, cell, ranks, timeout_s=args.timeout)
+        if args.measure and ranks is not None:
+            raise ValueError("%%ddp --measure runs on every rank (measuring communicates): drop --rank")
+        if args.measure:
+            rows = self.cluster().run(measured_cell, cell, timeout_s=args.timeout)
+        else:
+            rows = self.cluster().run(run_cell, cell, ranks, timeout_s=args.timeout)
         text = format_outputs(rows)
         if text:
             print(text, end="" if text.endswith("\n") else "\n")

@@ -107,3 +107,81 @@ def test_format_outputs_orders_values_errors_and_skips():
         {"rank": 2, "skipped": False, "out": "", "value": None, "error": "Traceback ...\nKeyError: 'k'\n"},
     ]
     assert format_outputs(rows) == "[rank 0]\na\n[rank 2] Traceback ...\nKeyError: 'k'\n"
+
+
+MODEL = """
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 2)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(rank)  # each rank its own batches: the exact mean differs from each rank's
+def steps(n):
+    for _ in range(n):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(torch.randn(16, 8, generator=g)), torch.randint(0, 2, (16,))).backward()
+        opt.step()
+"""
+LOCAL_ONLY = """
+def local_only(state, bucket):  # sends nothing: each rank keeps its own gradient
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+"""
+
+
+@pytest.mark.parametrize(
+    ("hook", "registered"),
+    [
+        (
+            "allreduce",
+            "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+            "model.register_comm_hook(None, default_hooks.allreduce_hook)",
+        ),
+        (
+            "fp16",
+            "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+            "model.register_comm_hook(None, default_hooks.fp16_compress_hook)",
+        ),
+        ("local_only", LOCAL_ONLY + "model.register_comm_hook(None, local_only)"),
+    ],
+)
+def test_measure_probes_a_hook_registered_by_hand_one_step_per_backward(shell, capsys, hook, registered):
+    """Each backward is a step, measured against the exact mean; steps in later cells count on."""
+    shell.run_line_magic("ddp", "reset")
+    cell(shell, MODEL)
+    capsys.readouterr()
+    cell(shell, registered + "\nsteps(2)", line="--measure")
+    out = capsys.readouterr().out
+    assert out.startswith("[rank 0]\nmeasured by the lab's probe") and "[rank 1]" not in out
+    cell(shell, "steps(1)", line="--measure")
+    shell.run_line_magic("ddp", "pull measured --rank 0")
+    table = shell.user_ns["measured"]
+    assert list(table["step"]) == [0, 1, 2]
+    bytes_fp32 = table["uncompressed_bytes"]
+    assert (bytes_fp32 == 4 * (8 * 16 + 16 + 16 * 2 + 2)).all()
+    if hook == "allreduce":
+        assert (table["payload_bytes"] == bytes_fp32).all() and (table["rel_error"] < 1e-6).all()
+        assert (table["rank_spread"] == 0).all()
+    elif hook == "fp16":
+        assert (table["payload_bytes"] == bytes_fp32 // 2).all()
+        assert ((table["rel_error"] > 0) & (table["rel_error"] < 2.0**-10)).all()  # fp16's rounding, no more
+    else:  # the probe compares with the exact mean, so a hook that averages nothing is caught
+        assert (table["payload_bytes"] == 0).all()
+        assert (table["rank_spread"] > 0).all() and (table["rel_error"] > 0.05).all()
+
+
+def test_measure_runs_on_every_rank_and_an_error_ends_it_cleanly(shell, capsys):
+    with pytest.raises(ValueError, match="drop --rank"):
+        cell(shell, "pass", line="--measure --rank 0")
+    shell.run_line_magic("ddp", "reset")
+    cell(shell, MODEL)
+    with pytest.raises(DDPCellError, match="rank 1"):  # the ranks agree not to measure; nothing hangs
+        cell(
+            shell,
+            LOCAL_ONLY + "model.register_comm_hook(None, local_only)\nsteps(1)\nassert rank == 0",
+            line="--measure",
+        )
+    capsys.readouterr()
+    cell(shell, "steps(1)", line="--measure")  # the step recorded before the error is measured now, with this one
+    assert "measured by the lab's probe" in capsys.readouterr().out
+    shell.run_line_magic("ddp", "pull measured --rank 0")
+    assert list(shell.user_ns["measured"]["step"]) == [0, 1]
