@@ -18,6 +18,7 @@ __all__ = [
     "comm_hook_check_error",
     "compiled_autograd",
     "future_type",
+    "graph_breaks",
     "intercept_comm_hook_registration",
     "optimize_ddp",
     "orthogonalize_rejects_matrices",
@@ -258,6 +259,18 @@ def compiled_autograd(compiler_fn: Callable):
     return module._enable(compiler_fn)
 
 
+def graph_breaks() -> dict[str, int]:
+    """Dynamo's graph breaks in this process so far, reason -> count (private ``torch._dynamo.utils.counters``).
+
+    Take one reading before and one after the code you compile; ``torch._dynamo.reset()`` does not clear it."""
+    from torch._dynamo import utils
+
+    counters = getattr(utils, "counters", None)
+    if counters is None or not hasattr(counters, "get"):
+        raise _upstream_changed("torch._dynamo.utils.counters is gone", "update commhooks_lab._compat.graph_breaks")
+    return dict(counters.get("graph_break", {}))
+
+
 #: Every touch above, for the compat test and the closing notes: (function, what it relies on).
 TOUCHES = (
     ("power_sgd_defaults", "PowerSGDState.__init__ signature (public; defaults quoted in notes)"),
@@ -270,4 +283,5 @@ TOUCHES = (
     ("reset_accelerate_state", "AcceleratorState._reset_state, GradientState._reset_state (private)"),
     ("optimize_ddp", "torch._dynamo.config.optimize_ddp (set before DDP wraps the model)"),
     ("compiled_autograd", "torch._dynamo.compiled_autograd._enable (private)"),
+    ("graph_breaks", 'torch._dynamo.utils.counters["graph_break"] (private)'),
 )

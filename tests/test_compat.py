@@ -16,7 +16,7 @@ VERSIONS = _compat.versions()
 def test_every_touch_is_listed_and_exists():
     names = [name for name, _ in _compat.TOUCHES]
     assert all(callable(getattr(_compat, n)) for n in names)
-    assert len(names) == 10
+    assert len(names) == 11
 
 
 def test_power_sgd_defaults_come_from_the_signature():
@@ -93,6 +93,28 @@ def test_every_hook_future_derives_from_the_private_future_type():
     assert issubclass(torch.futures.Future, base), VERSIONS
     chained = torch.futures.Future().then(lambda f: f.value())
     assert isinstance(chained, base) and not isinstance(chained, torch.futures.Future), VERSIONS
+
+
+def test_graph_breaks_counts_a_future_made_in_compiled_code():
+    """Notebook 10's exercise rejects a hook that builds a Future under compiled autograd by this count."""
+    import warnings
+
+    import torch._dynamo
+
+    def makes_a_future(x):
+        done = torch.futures.Future()
+        done.set_result(x)
+        return x * 2
+
+    torch._dynamo.reset()
+    before = _compat.graph_breaks()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Dynamo warns about pybind11_object.__new__: the break we count
+        torch.compile(makes_a_future, backend="eager")(torch.ones(2))
+    after = _compat.graph_breaks()
+    assert sum(after.values()) > sum(before.values()), f"{VERSIONS}: no graph break counted for a Future"
+    assert any("pybind11_object.__new__" in why or "Future" in why for why in after), (VERSIONS, list(after))
+    torch._dynamo.reset()
 
 
 def test_a_missing_private_name_says_which_versions():

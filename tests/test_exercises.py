@@ -192,10 +192,130 @@ def test_ef_prediction_follows_the_measurement_not_a_fixed_answer():
     assert outcome.value == {"rel_error": "lower", "cumulative_rel_error": "higher"}
 
 
-def test_rng_prediction_on_its_three_paths():
-    same = [[0.1, 0.2], [0.1, 0.2]]
-    assert compressing_hooks.check_rng_prediction(None, same).status == NOT_ATTEMPTED
-    wrong = compressing_hooks.check_rng_prediction("different", same)  # plausible: "separate processes differ"
-    assert wrong.status == WRONG and "seeds" in wrong.message and "same" not in wrong.message.split("not yet")[1]
-    assert compressing_hooks.check_rng_prediction("same", same).status == RIGHT
-    assert compressing_hooks.check_rng_prediction("different", [[0.1], [0.3]]).status == RIGHT
+# -- exercise 5 of notebook 7: the generator a stochastic-rounding hook draws from ------------------------
+
+
+def generator_stub(seed, rank, step, bucket_index):
+    raise NotImplementedError
+
+
+def global_seed_only(seed, rank, step, bucket_index):  # what a training script seeds: the same on every rank
+    return torch.Generator().manual_seed(seed)
+
+
+def unseeded(seed, rank, step, bucket_index):
+    return torch.Generator()
+
+
+def global_generator(seed, rank, step, bucket_index):  # no generator of its own: torch.rand(..., generator=None)
+    return None
+
+
+def reseeds_the_global_one(seed, rank, step, bucket_index):
+    torch.manual_seed(hash((seed, rank, step, bucket_index)) % 2**63)
+    return torch.default_generator
+
+
+def from_os_entropy(seed, rank, step, bucket_index):
+    generator = torch.Generator()
+    generator.seed()  # a non-deterministic seed
+    return generator
+
+
+def from_the_clock(seed, rank, step, bucket_index):
+    import time
+
+    return torch.Generator().manual_seed(time.time_ns() + rank)
+
+
+def rank_but_not_step(seed, rank, step, bucket_index):
+    return torch.Generator().manual_seed(1000 * seed + rank)
+
+
+def no_bucket(seed, rank, step, bucket_index):
+    return torch.Generator().manual_seed(hash((seed, rank, step)) % 2**63)
+
+
+def added_up(seed, rank, step, bucket_index):  # rank 1 at step 0 collides with rank 0 at step 1
+    return torch.Generator().manual_seed(seed + rank + step + bucket_index)
+
+
+def ignores_the_seed(seed, rank, step, bucket_index):
+    return torch.Generator().manual_seed(hash((rank, step, bucket_index)) % 2**63)
+
+
+def also_seeds_the_global_one(seed, rank, step, bucket_index):
+    number = hash((seed, rank, step, bucket_index)) % 2**63
+    torch.manual_seed(number)
+    return torch.Generator().manual_seed(number)
+
+
+def returns_the_seed(seed, rank, step, bucket_index):
+    return hash((seed, rank, step, bucket_index))
+
+
+def seed_sequence(seed, rank, step, bucket_index):  # NumPy's tool for independent streams
+    import numpy as np
+
+    state = np.random.SeedSequence([seed, rank, step, bucket_index]).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
+
+
+def digits_of_their_own(seed, rank, step, bucket_index):
+    return torch.Generator().manual_seed(((seed * 1000 + rank) * 100_000 + step) * 1000 + bucket_index)
+
+
+def test_rounding_generator_not_attempted_hands_on_the_reference(cluster, capsys):
+    outcome = compressing_hooks.check_rounding_generator(generator_stub, cluster=cluster)
+    assert outcome.status == NOT_ATTEMPTED and outcome.value is compressing_hooks.rounding_generator
+    assert "not attempted yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "attempt, hint",
+    [
+        (global_seed_only, "Mix the rank into the seed"),
+        (unseeded, "unseeded torch.Generator()"),
+        (global_generator, "torch's global generator"),
+        (reseeds_the_global_one, "torch's global generator"),
+        (from_os_entropy, "two runs with the same seed drew different noise"),
+        (from_the_clock, "two runs with the same seed drew different noise"),
+        (rank_but_not_step, "Mix the step into the seed"),
+        (no_bucket, "Mix the bucket index into the seed"),
+        (added_up, "seed + rank + step does"),
+        (ignores_the_seed, "seed 1 drew the same noise as seed 0"),
+        (also_seeds_the_global_one, "changes torch's global generator"),
+        (returns_the_seed, "return a torch.Generator"),
+    ],
+    ids=lambda x: x.__name__ if callable(x) else "",
+)
+def test_rounding_generator_wrong_attempts_get_their_hint(attempt, hint, cluster):
+    outcome = compressing_hooks.check_rounding_generator(attempt, cluster=cluster)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+    assert outcome.value is compressing_hooks.rounding_generator
+
+
+def test_a_generator_kept_between_calls_is_told_that_order_matters(cluster):
+    streams = {}
+
+    def kept_stream(seed, rank, step, bucket_index):  # one stream per rank, advancing call by call
+        if (seed, rank) not in streams:
+            streams[(seed, rank)] = torch.Generator().manual_seed(1000 * seed + rank)
+        return streams[(seed, rank)]
+
+    outcome = compressing_hooks.check_rounding_generator(kept_stream, cluster=cluster)
+    assert outcome.status == WRONG and "A resumed run asks for step 10 first" in outcome.message
+
+
+def test_rounding_generator_right_answers_pass(cluster):
+    for right in (compressing_hooks.rounding_generator, seed_sequence, digits_of_their_own):
+        outcome = compressing_hooks.check_rounding_generator(right, cluster=cluster)
+        assert outcome.status == RIGHT and outcome.value is right, outcome.message
+
+
+def test_a_rounding_generator_that_raises_is_told_what_it_raised(cluster):
+    def raises(seed, rank, step, bucket_index):
+        return torch.Generator().manual_seed(seed / (rank - rank))
+
+    outcome = compressing_hooks.check_rounding_generator(raises, cluster=cluster)
+    assert outcome.status == WRONG and "your code raised ZeroDivisionError" in outcome.message

@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+import torch
 import torch.distributed as dist
 
 from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
@@ -29,10 +30,27 @@ def forgets_to_divide(state, bucket):
     return completed_future(grad)
 
 
+def future_in_both_forms(state, bucket):  # right gradients, but builds a Future under compiled autograd too
+    tensor = bucket[0] if isinstance(bucket, tuple) else bucket.buffer()
+    tensor /= dist.get_world_size()
+    dist.all_reduce(tensor)
+    return completed_future(tensor)
+
+
+def bare_future_in_both_forms(state, bucket):  # the same, with the Future written out
+    tensor = bucket[0] if isinstance(bucket, tuple) else bucket.buffer()
+    dist.all_reduce(tensor.div_(dist.get_world_size()))
+    fut = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut
+
+
 def mine(state, bucket):
     tensor = bucket[0] if isinstance(bucket, tuple) else bucket.buffer()
     tensor /= dist.get_world_size()
     dist.all_reduce(tensor)
+    if isinstance(bucket, tuple):
+        return tensor
     return completed_future(tensor)
 
 
@@ -43,7 +61,12 @@ def test_not_attempted_hands_on_the_reference(cluster):
 
 @pytest.mark.parametrize(
     "attempt, hint",
-    [(bucket_only, "take bucket[0] when isinstance(bucket, tuple)"), (forgets_to_divide, "divide the bucket")],
+    [
+        (bucket_only, "take bucket[0] when isinstance(bucket, tuple)"),
+        (forgets_to_divide, "divide the bucket"),
+        (future_in_both_forms, "return the tensor itself"),
+        (bare_future_in_both_forms, "making a torch.futures.Future"),
+    ],
 )
 def test_wrong_attempts_get_the_hint_for_their_mistake(attempt, hint, cluster):
     outcome = exercise.check_compile_safe_hook(attempt, cluster=cluster)
@@ -54,6 +77,19 @@ def test_wrong_attempts_get_the_hint_for_their_mistake(attempt, hint, cluster):
 def test_a_compile_safe_hook_passes(cluster):
     outcome = exercise.check_compile_safe_hook(mine, cluster=cluster)
     assert outcome.status == RIGHT and outcome.value is mine
+    assert exercise.check_compile_safe_hook(exercise.compile_safe_mean_hook, cluster=cluster).status == RIGHT
+
+
+def test_a_future_under_compiled_autograd_is_a_counted_graph_break(cluster):
+    """The check's third step rests on the matrix's count: none for the reference, some for a Future."""
+    from commhooks_lab.studies.compile_matrix import compile_compatibility
+
+    table = compile_compatibility([future_in_both_forms, mine], modes=("eager", "compiled_autograd"), cluster=cluster)
+    rows = table.set_index(["hook", "mode"])
+    assert rows.loc[("future_in_both_forms", "compiled_autograd"), "graph_breaks"] > 0
+    assert "pybind11_object.__new__" in rows.loc[("future_in_both_forms", "compiled_autograd"), "graph_break"]
+    assert rows.loc[("mine", "compiled_autograd"), "graph_breaks"] == 0
+    assert (rows.xs("eager", level="mode")["graph_breaks"] == 0).all()
 
 
 def fake_run(payload):

@@ -1,5 +1,6 @@
 """Notebook 10's exercises: make a bucket-only hook compile-safe (checked eagerly and under compiled
-autograd on two real ranks, against the exact mean), and predict what a resume without hook state sends."""
+autograd on two real ranks, against the exact mean, and for graph breaks in the compiled backward), and
+predict what a resume without hook state sends."""
 
 from typing import Any
 
@@ -25,7 +26,8 @@ def _verify_compile_safe(fn, cluster) -> str | None:
     from ..studies.compile_matrix import compile_compatibility
 
     table = compile_compatibility([fn, compile_safe_mean_hook], modes=("eager", "compiled_autograd"), cluster=cluster)
-    yours, exact = table.iloc[0:2], table.iloc[2]  # rows: yours eager, yours compiled autograd, the reference...
+    # rows: yours eager, yours compiled autograd, the reference eager, the reference compiled autograd
+    yours, exact, reference_compiled = table.iloc[0:2], table.iloc[2], table.iloc[3]
     eager, compiled = yours.iloc[0], yours.iloc[1]
     if not eager["runs"]:
         return (
@@ -46,16 +48,36 @@ def _verify_compile_safe(fn, cluster) -> str | None:
             "it runs under compiled autograd but leaves another gradient: DDP ignores what the hook returns there, "
             "so the mean must be in the gradient before the hook returns (a synchronous all_reduce, no .then())."
         )
+    if compiled["graph_breaks"] > reference_compiled["graph_breaks"]:  # the reference has none
+        return _graph_break_hint(int(compiled["graph_breaks"]), str(compiled["graph_break"]))
     return None
 
 
+def _graph_break_hint(count: int, reasons: str) -> str:
+    """Step 3: under compiled autograd the hook must not build a Future (Dynamo cannot trace one)."""
+    breaks = f"{count} graph break{'s' if count != 1 else ''}"
+    said = reasons.split(" | ")
+    future = [why for why in said if "Future" in why or "pybind11_object.__new__" in why]
+    if future:
+        return (
+            f"the gradient is right in both forms, but Dynamo counted {breaks} in the backward compiled autograd "
+            f"traced ({future[0]}): that is your hook making a torch.futures.Future (completed_future makes one "
+            "too). DDP ignores what the hook returns there: for the tuple, return the tensor itself."
+        )
+    return (
+        f"the gradient is right in both forms, but Dynamo counted {breaks} in the backward compiled autograd "
+        f"traced ({said[0]}): on the tuple path, keep to tensor work and the collective."
+    )
+
+
 def check_compile_safe_hook(attempt, cluster=None) -> Outcome:
-    """Your hook in eager DDP and under compiled autograd: the exact mean both times."""
+    """Your hook in eager DDP and under compiled autograd: the exact mean both times, no graph break compiled."""
     return check_function(
         "compile_safe_hook",
         attempt,
         lambda fn: _verify_compile_safe(fn, cluster),
-        "It leaves the exact mean, bit for bit, in eager DDP and under compiled autograd.",
+        "It leaves the exact mean, bit for bit, in eager DDP and under compiled autograd, and the compiled "
+        "backward has no graph break.",
     )
 
 

@@ -1,5 +1,5 @@
-"""Notebook 8's exercises: the bytes a ring puts on each link, and when an all-gathered compressor
-stops saving bytes as the world grows."""
+"""Notebook 8's exercises: below which payload a ring all-reduce is latency-bound in the alpha-beta model,
+and when an all-gathered compressor stops saving bytes as the world grows."""
 
 from __future__ import annotations
 
@@ -9,56 +9,131 @@ from typing import Any
 
 from . import Outcome, check_function, check_prediction, reference
 
-__all__ = ["check_crossing_prediction", "check_link_bytes", "crossing_world_size", "link_bytes", "nearest_choice"]
+__all__ = [
+    "check_crossing_prediction",
+    "check_latency_bound_bytes",
+    "crossing_world_size",
+    "latency_bound_bytes",
+    "nearest_choice",
+]
 
-# -- exercise 1: bytes over each rank's link ---------------------------------------------------------------
+# -- exercise 1: below which payload is a ring all-reduce latency-bound? ------------------------------------
 
 
-@reference("link_bytes")
-def link_bytes(allreduce_bytes: float, allgather_bytes: float, world_size: int) -> float:
-    """Bytes over each rank's link in one step, with ring algorithms.
+@reference("latency_bound_bytes")
+def latency_bound_bytes(world_size: int, latency_us: float, bandwidth_gbps: float) -> float:
+    """The payload n* (bytes) of one ring all-reduce whose latency and bandwidth terms are equal.
 
-    A ring all-reduce is a reduce-scatter then an all-gather: each moves (W-1)/W of the tensor over
-    every link. A ring all-gather hands each of the other W-1 payloads over every link once.
+    2(W-1) ring steps of alpha each, against 2(W-1)/W of the n bytes over each link at beta bytes per second:
+    2(W-1) alpha = 2(W-1)/W n / beta, so n* = W alpha beta.
     """
-    w = world_size
-    return 2 * (w - 1) / w * allreduce_bytes + (w - 1) * allgather_bytes
+    alpha = latency_us * 1e-6  # seconds
+    beta = bandwidth_gbps * 1e9 / 8  # bytes per second
+    return world_size * alpha * beta
 
 
-#: (all-reduced bytes, all-gathered bytes, world size): each factor alone, then mixed
-_CASES = ((1000, 0, 2), (1000, 0, 8), (0, 100, 2), (0, 100, 8), (4000, 250, 16), (0, 0, 4), (500, 50, 1))
+#: (world size, latency in microseconds, bandwidth in Gbit/s): powers of two and others, small and large
+_LATENCY_CASES = ((2, 5.0, 10.0), (3, 5.0, 10.0), (8, 5.0, 10.0), (8, 5.0, 100.0), (12, 2.0, 25.0), (1000, 50.0, 400.0))
 
 
-def _verify_link_bytes(fn) -> str | None:
-    for allreduced, gathered, w in _CASES:
-        returned, want = fn(allreduced, gathered, w), link_bytes(allreduced, gathered, w)
-        try:
-            got = float(returned)  # a Python number, a NumPy scalar or a one-element tensor
-        except (TypeError, ValueError):
-            return f"link_bytes({allreduced}, {gathered}, {w}) returned {returned!r}: return a number of bytes."
-        if not math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9):
-            call = f"link_bytes({allreduced}, {gathered}, {w}) returned {got!r}, which is not right."
-            if gathered == 0:
-                return (
-                    f"{call} Look at the all-reduce term: a ring all-reduce is two passes (reduce-scatter, then "
-                    "all-gather), and in each every rank sends W-1 of the tensor's W chunks."
-                )
-            if allreduced == 0:
-                return (
-                    f"{call} Look at the all-gather term: every rank must receive the payload of each *other* "
-                    "rank, and in a ring each of them crosses every link once."
-                )
-            return f"{call} Each term alone is right: add them."
+def _model_crossing(world_size: int, latency_us: float, bandwidth_gbps: float) -> float:
+    """n* read off the lab's network model: its latency term for one all-reduce over its bandwidth term per byte."""
+    from ..studies.network import comm_seconds
+
+    def one_allreduce(n: float) -> dict:
+        return {"allreduce_bytes": n, "allgather_bytes": 0.0, "allreduce_calls": 1, "allgather_calls": 0}
+
+    latency_term = comm_seconds(one_allreduce(0.0), world_size, bandwidth_gbps, latency_us)
+    seconds_per_byte = comm_seconds(one_allreduce(1.0), world_size, bandwidth_gbps, 0.0)
+    return latency_term / seconds_per_byte
+
+
+def _ratio_hint(ratios: list[tuple[int, float]]) -> str | None:
+    """The mistake that turns the right n* into yours, told by how far off it is at each world size."""
+
+    def everywhere(factor) -> bool:
+        return all(math.isclose(r, factor(w), rel_tol=1e-6) for w, r in ratios)
+
+    first = ratios[0][1]
+    if all(math.isclose(r, first, rel_tol=1e-6) for _, r in ratios):  # the same factor at every W: units
+        units = [
+            (a, b) for a in (-1, 0, 1) for b in range(-4, 5) if math.isclose(first, 8.0**a * 1000.0**b, rel_tol=1e-6)
+        ]
+        if units and units[0] != (0, 0):
+            bits, thousands = units[0]
+            said = []
+            if bits:
+                said.append("bandwidth_gbps counts gigabits per second, and n* is in bytes")
+            if thousands:
+                said.append("latency_us is in microseconds (1e-6 s) and bandwidth_gbps in 1e9 bits per second")
+            return f"it is off by the same factor at every W, a matter of units: {'; '.join(said)}."
+    if everywhere(lambda w: 1 / w):
+        return (
+            "it is W times too small: it is where one message's alpha equals n / beta. A ring all-reduce pays the "
+            "latency once per ring step, and over each link it moves only part of the payload: count both."
+        )
+    if everywhere(lambda w: (w - 1) / w):
+        return (
+            "it is right for many ranks and too small for few (half at W = 2): the bytes over each link approach "
+            "twice the payload as W grows, but are not twice it. How many chunks of W does each pass move?"
+        )
+    if everywhere(lambda w: w / (w - 1)):
+        return (
+            "it is right for many ranks and too large for few (twice at W = 2): count the ring steps again. In each "
+            "pass a chunk has to reach the other ranks, not every rank."
+        )
+    if everywhere(lambda w: 0.5):
+        return (
+            "it is half as large as it should be at every W: a ring all-reduce is two passes, a reduce-scatter and "
+            "an all-gather, and both pay the latency at each of their steps."
+        )
+    if everywhere(lambda w: 2.0):
+        return (
+            "it is twice as large as it should be at every W: both passes, the reduce-scatter and the all-gather, "
+            "move their share of the payload over each link."
+        )
     return None
 
 
-def check_link_bytes(attempt) -> Outcome:
-    """``link_bytes(allreduce_bytes, allgather_bytes, world_size)`` against the reference on fixed cases."""
+def _verify_latency_bound_bytes(fn) -> str | None:
+    ratios: list[tuple[int, float]] = []
+    for w, latency_us, bandwidth_gbps in _LATENCY_CASES:
+        returned = fn(w, latency_us, bandwidth_gbps)
+        call = f"latency_bound_bytes({w}, {latency_us}, {bandwidth_gbps})"
+        try:
+            got = float(returned)  # a Python number, a NumPy scalar or a one-element tensor
+        except (TypeError, ValueError):
+            return f"{call} returned {returned!r}: return a number of bytes."
+        ratios.append((w, got / _model_crossing(w, latency_us, bandwidth_gbps)))
+    if all(math.isclose(r, 1.0, rel_tol=1e-9) for _, r in ratios):
+        return None
+    hint = _ratio_hint(ratios)
+    if hint:
+        return hint
+    w, latency_us, bandwidth_gbps = _LATENCY_CASES[2]
+    got = float(fn(w, latency_us, bandwidth_gbps))
+    t = {"allreduce_bytes": got, "allgather_bytes": 0.0, "allreduce_calls": 1, "allgather_calls": 0}
+    from ..studies.network import comm_seconds
+
+    latency_term = comm_seconds(t, w, math.inf, latency_us)
+    bandwidth_term = comm_seconds(t, w, bandwidth_gbps, 0.0)
+    return (
+        f"latency_bound_bytes({w}, {latency_us}, {bandwidth_gbps}) returned {got:.6g} B. An all-reduce of that size "
+        f"has, in the lab's model, a latency term of {1e6 * latency_term:.4g} us and a bandwidth term of "
+        f"{1e6 * bandwidth_term:.4g} us: write both terms for n bytes and set them equal."
+    )
+
+
+def check_latency_bound_bytes(attempt) -> Outcome:
+    """``latency_bound_bytes(world_size, latency_us, bandwidth_gbps)`` against the lab's network model."""
     return check_function(
-        "link_bytes",
+        "latency_bound_bytes",
         attempt,
-        _verify_link_bytes,
-        "2(W-1)/W of what is all-reduced plus (W-1) times what is all-gathered, on every case.",
+        _verify_latency_bound_bytes,
+        "n* = W x alpha x beta (beta in bytes per second), from 2(W-1) alpha = 2(W-1)/W x n / beta, as the lab's "
+        "network model has it at every world size. It grows with W: the ring pays the latency 2(W-1) times but "
+        "moves only 2(W-1)/W of the payload over each link. At 8 ranks, 5 us and 10 Gbit/s n* is 50,000 B, more "
+        "than the digits CNN's 39,720-byte fp32 all-reduce: its latency term is the larger one.",
     )
 
 

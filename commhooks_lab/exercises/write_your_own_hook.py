@@ -1,4 +1,5 @@
-"""Notebook 7's exercises: top-k of a tensor, a top-k hook with error feedback, EF-SignSGD.
+"""Notebook 7's exercises: top-k of a tensor, a top-k hook with error feedback, EF-SignSGD, and the
+random generator a stochastic-rounding hook draws its noise from.
 
 No ``from __future__ import annotations`` here: DDP compares a hook's return annotation with
 ``torch.futures.Future[torch.Tensor]`` itself, and a string annotation would fail that check.
@@ -20,17 +21,17 @@ from . import (
     Outcome,
     _say,
     check_function,
-    check_prediction,
     reference,
     run_beside_reference,
 )
 
 __all__ = [
     "check_ef_prediction",
-    "check_rng_prediction",
+    "check_rounding_generator",
     "check_sign_ef_hook",
     "check_topk",
     "check_topk_ef_hook",
+    "rounding_generator",
     "sign_ef_hook",
     "sign_state",
     "topk",
@@ -240,13 +241,156 @@ def check_ef_prediction(prediction: Any, with_ef, without_ef) -> Outcome:
     )
 
 
-def check_rng_prediction(prediction: Any, draws: list) -> Outcome:
-    """A prediction, "same" or "different": do the ranks draw the same random numbers inside a hook?"""
-    same = all(d == draws[0] for d in draws)
-    return check_prediction(
-        "rng_prediction",
-        prediction,
-        "same" if same else "different",
-        "Look at how the worker seeds torch, and at which generator torch.rand uses when you pass none.",
-        "Every rank seeded torch's global generator with the same number, so every rank draws the same stream.",
+# -- exercise 5: noise of each rank's own, new every step, the same in every run -----------------------------
+
+#: The grid the check asks for: two seeds, every rank, four steps, two buckets; four draws per generator.
+NOISE_SEEDS, NOISE_STEPS, NOISE_BUCKETS, NOISE_DRAWS = (0, 1), 4, 2, 4
+
+
+@reference("rounding_generator")
+def rounding_generator(seed: int, rank: int, step: int, bucket_index: int) -> torch.Generator:
+    """A generator for this rank's rounding noise in this bucket at this step: a pure function of the four.
+
+    Python's hash of a tuple of ints is the same in every process (only str and bytes hashes are salted);
+    manual_seed takes it modulo 2**63.
+    """
+    return torch.Generator().manual_seed(hash((seed, rank, step, bucket_index)) % 2**63)
+
+
+def _noise_grid(fn, seed: int, keys: list) -> dict:
+    """Draws from ``fn(seed, rank, step, bucket)`` for each (step, bucket) in ``keys``, in that order, on this rank;
+    torch's global generator seeded with ``seed`` first, as a reproducible training script seeds it."""
+    rank = dist.get_rank()
+    torch.manual_seed(seed)
+    draws, kinds, touched = {}, set(), False
+    for step, bucket in keys:
+        before = torch.get_rng_state()
+        generator = fn(seed, rank, step, bucket)
+        touched |= not torch.equal(before, torch.get_rng_state())
+        if generator is None or generator is torch.default_generator:
+            kinds.add("global")
+        elif not isinstance(generator, torch.Generator):
+            return {"returned": f"{type(generator).__name__} {generator!r}"[:80]}
+        else:
+            kinds.add("unseeded" if generator.initial_seed() == torch.Generator().initial_seed() else "own")
+        draws[(step, bucket)] = tuple(torch.rand(NOISE_DRAWS, generator=generator).tolist())
+    return {"draws": draws, "kinds": kinds, "touched": touched}
+
+
+def _noise_job(ctx, fn) -> dict:
+    """Worker: every seed's grid in order, then in reverse order (a resumed run asks for a late step first)."""
+    keys = [(step, bucket) for step in range(NOISE_STEPS) for bucket in range(NOISE_BUCKETS)]
+    out: dict[Any, dict] = {}
+    try:
+        for seed in NOISE_SEEDS:
+            out[seed] = _noise_grid(fn, seed, keys)
+            out[(seed, "reversed")] = _noise_grid(fn, seed, keys[::-1])
+    except NotImplementedError:
+        return {"not_implemented": True}
+    except Exception as exc:  # the learner's code raised: say what, in the notebook, not on the rank's stderr
+        return {"raised": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"}
+    return out
+
+
+def _run_noise_job(fn, cluster) -> list[dict]:
+    if cluster is not None:
+        return cluster.run(_noise_job, fn)
+    from ..launcher import launch
+
+    return launch(_noise_job, fn, world_size=2)
+
+
+def _noise_problem(first: list[dict], second: list[dict]) -> str | None:
+    """What is wrong with the noise two runs of ``_noise_job`` drew (each a list, one entry per rank), or None."""
+    for ranks in (first, second):
+        for got in ranks:
+            if got.get("not_implemented"):
+                raise NotImplementedError
+            if "raised" in got:
+                return f"your code raised {got['raised']}"
+            for seed in NOISE_SEEDS:
+                if "returned" in got[seed]:
+                    return f"it returned {got[seed]['returned']}: return a torch.Generator to draw the noise from."
+    seed = NOISE_SEEDS[0]
+    if any(a[s]["draws"] != b[s]["draws"] for a, b in zip(first, second) for s in NOISE_SEEDS):
+        return (
+            "two runs with the same seed drew different noise: your seed comes from somewhere that changes from run "
+            "to run (the clock, the OS's entropy: Generator.seed(), time.time_ns()). Build it from the four "
+            "arguments alone, so that a run can be repeated and a bug reproduced."
+        )
+    if any("global" in r[s]["kinds"] for r in first for s in NOISE_SEEDS):
+        return (
+            "it hands back torch's global generator (None or torch.default_generator), which every rank seeded with "
+            "the same number, and whose every draw shifts the training script's later ones (dropout, data order): "
+            "return a torch.Generator() of the hook's own, seeded with manual_seed(...)."
+        )
+    if any(r[s]["draws"] != r[(s, "reversed")]["draws"] for r in first for s in NOISE_SEEDS):
+        return (
+            "asked for the same (rank, step, bucket) after other calls, it drew other noise: it depends on how often "
+            "and in which order it was called (a generator kept and reused between calls?). A resumed run asks for "
+            "step 10 first; make the noise a function of the four arguments alone."
+        )
+    draws = [r[seed]["draws"] for r in first]
+    if all(d == draws[0] for d in draws):
+        if any("unseeded" in r[seed]["kinds"] for r in first):
+            return (
+                "both ranks drew the same noise: an unseeded torch.Generator() starts from the same default seed in "
+                "every process. Seed it, and with a number that differs from rank to rank."
+            )
+        return (
+            "both ranks drew the same noise at every step: the ranks averaged identical roundings, so the average "
+            "is no less noisy than one rank's. Mix the rank into the seed."
+        )
+    keys = sorted(draws[0])
+    if all(d[(step, bucket)] == d[(0, bucket)] for d in draws for step, bucket in keys):
+        return (
+            "every step drew the same noise as step 0, so an entry whose value barely changes rounds the same way "
+            "every step: its rounding error repeats instead of averaging out over steps. Mix the step into the seed."
+        )
+    if all(d[(step, bucket)] == d[(step, 0)] for d in draws for step, bucket in keys):
+        return (
+            "bucket 1 drew the same noise as bucket 0 at every step: in a model with several buckets, entry i of "
+            "every bucket would draw the same number. Mix the bucket index into the seed."
+        )
+    if all(a[NOISE_SEEDS[1]]["draws"] == a[seed]["draws"] for a in first):
+        return "seed 1 drew the same noise as seed 0: a run's seed must set the noise too. Mix the seed in."
+    seen: dict[tuple, tuple] = {}
+    for rank, r in enumerate(first):
+        for s in NOISE_SEEDS:
+            for (step, bucket), drawn in sorted(r[s]["draws"].items()):
+                where = (s, rank, step, bucket)
+                if drawn in seen:
+                    other = seen[drawn]
+                    return (
+                        f"(seed, rank, step, bucket) = {other} and {where} drew the same noise: your seed gives both "
+                        "the same number (seed + rank + step does, for instance). Combine the four so that different "
+                        "ones never give the same seed."
+                    )
+                seen[drawn] = where
+    if any(r[s]["touched"] for r in first for s in NOISE_SEEDS):
+        return (
+            "the noise is right, but the function changes torch's global generator (torch.manual_seed, or a draw "
+            "from it): every later draw of the training script (dropout, data order) would then depend on the hook. "
+            "Seed the generator you return, and only that one."
+        )
+    return None
+
+
+def check_rounding_generator(attempt, cluster=None) -> Outcome:
+    """``rounding_generator(seed, rank, step, bucket_index)``, called on two ranks in two runs: noise independent
+    per rank, new every step and bucket, the same in every run."""
+
+    def verify(fn) -> str | None:
+        first = _run_noise_job(fn, cluster)
+        return _noise_problem(first, _run_noise_job(fn, cluster))
+
+    return check_function(
+        "rounding_generator",
+        attempt,
+        verify,
+        "On two ranks, in two runs: every (seed, rank, step, bucket) draws noise of its own, the same in both "
+        "runs and whatever the order of the calls, and torch's global generator is left alone. PyTorch's "
+        "powerSGD_hook does the shared half of this: every rank seeds a NumPy generator with the same random_seed "
+        "and seeds torch from its next number whenever it needs new random matrices. The lab's compressors seed "
+        "like yours (lab.compressors.Where.generator).",
     )

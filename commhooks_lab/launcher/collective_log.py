@@ -67,11 +67,16 @@ class CollectiveLog:
                     setattr(module, name, wrapper)
 
     def _logged(self, name: str, original):
+        """``original``, logged. Not while Dynamo traces it: it cannot enter a lock, and would split the compiled
+        graph there (a graph break the hook did not cause), so collectives inside compiled code go unlogged."""
+        import torch
+
         @functools.wraps(original)
         def collective(*args, **kwargs):
-            with self._lock:
-                if len(self.current) < KEEP:
-                    self.current.append(name)
+            if not torch.compiler.is_compiling():
+                with self._lock:
+                    if len(self.current) < KEEP:
+                        self.current.append(name)
             return original(*args, **kwargs)
 
         collective._commhooks_logged = True  # type: ignore[attr-defined]

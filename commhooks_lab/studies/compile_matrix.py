@@ -9,13 +9,16 @@ Three ways to run a DDP step with a comm hook:
   backward is traced and the hook is called with another argument than a ``GradBucket``.
 
 Each hook runs one step in each mode on two real ranks from the same weights and batch; the
-table says whether it ran, the real error text if not, and how the gradient it produced compares
-with eager's (bit-identical, or the relative difference). Compile backend: ``aot_eager`` by
-default (no C++ build: seconds on a laptop); pass ``backend="inductor"`` to use the real one.
+table says whether it ran, the real error text if not, how the gradient it produced compares
+with eager's (bit-identical, or the relative difference), and how many graph breaks Dynamo counted
+while compiling it (``graph_breaks``; ``graph_break``: their reasons, most frequent first). Compile
+backend: ``aot_eager`` by default (no C++ build: seconds on a laptop); pass ``backend="inductor"`` to
+use the real one.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -43,8 +46,10 @@ def default_lineup() -> list[Any]:
     return items
 
 
-def _one_case(choice: HookChoice, mode: str, backend: str, seed: int = 0):
-    """``STEPS`` steps of a tiny MLP under ``mode`` with the hook; returns the last step's flat gradient."""
+def _one_case(choice: HookChoice, mode: str, backend: str, seed: int = 0, breaks: dict | None = None):
+    """``STEPS`` steps of a tiny MLP under ``mode`` with the hook; returns the last step's flat gradient.
+
+    ``breaks``, if given, receives the graph breaks Dynamo counted during a case that completes (reason -> count)."""
     import torch
     import torch._dynamo
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -54,6 +59,7 @@ def _one_case(choice: HookChoice, mode: str, backend: str, seed: int = 0):
     if choice.entry is not None:
         choice = replace(choice, state_options=tuple(sorted(choice.entry.short_run_options(choice.options).items())))
     torch._dynamo.reset()
+    before = _compat.graph_breaks()
     switch = _compat.optimize_ddp("python_reducer" if mode == "compiled_autograd" else "ddp_optimizer")
     with switch, quiet_dynamo():
         torch.manual_seed(seed)
@@ -72,7 +78,21 @@ def _one_case(choice: HookChoice, mode: str, backend: str, seed: int = 0):
                     loss.backward()
             else:
                 loss.backward()
+    if breaks is not None:
+        after = _compat.graph_breaks()
+        breaks.update({why: n - before.get(why, 0) for why, n in after.items() if n > before.get(why, 0)})
     return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+
+
+def _short_reason(reason: str) -> str:
+    """Dynamo's reason in one line: its title and, if there is one, its explanation."""
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    explanation = next(
+        (line.removeprefix("Explanation:").strip() for line in lines if line.startswith("Explanation:")), ""
+    )
+    first_sentence = re.search(r"\.`?(?=\s+[A-Z])", explanation)
+    explanation = explanation[: first_sentence.end()] if first_sentence else explanation
+    return f"{lines[0]}: {explanation}" if lines and explanation else (lines[0] if lines else "")
 
 
 def _registrable(model, hook):
@@ -104,8 +124,9 @@ def _matrix_job(ctx, choices: Sequence[HookChoice], modes: Sequence[str], backen
         eager = None
         for mode in modes:
             start = time.perf_counter()
+            breaks: dict[str, int] = {}
             try:
-                grad = _one_case(choice, mode, backend)
+                grad = _one_case(choice, mode, backend, breaks=breaks)
                 error = ""
             except Exception as exc:
                 grad, error = None, root_error(exc)
@@ -118,6 +139,8 @@ def _matrix_job(ctx, choices: Sequence[HookChoice], modes: Sequence[str], backen
                 "runs": grad is not None,
                 "error": error,
                 "seconds": round(seconds, 2),
+                "graph_breaks": sum(breaks.values()),
+                "graph_break": " | ".join(_short_reason(why) for why in sorted(breaks, key=breaks.__getitem__)[::-1]),
             }
             if grad is not None:
                 row["grad_sha256"] = hashlib.sha256(grad.detach().numpy().tobytes()).hexdigest()[:16]
