@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -223,6 +225,41 @@ def check_widgets() -> Check:
     return Check("ipywidgets", PASS, seen)
 
 
+def bqplot_frontends() -> list[str]:
+    """Versions of bqplot's JupyterLab extension where JupyterLab looks for extensions (``jupyter --paths``)."""
+    import json
+
+    from jupyter_core.paths import jupyter_path
+
+    found = []
+    for folder in jupyter_path("labextensions"):
+        package = Path(folder) / "bqplot" / "package.json"
+        if package.is_file():
+            found.append(json.loads(package.read_text())["version"])
+    return found
+
+
+def check_bqplot() -> Check:
+    """The dashboard's figures are bqplot widgets: without its front-end a browser shows no figure."""
+    try:
+        import bqplot
+    except ImportError:
+        return Check("bqplot", FAIL, "not installed", "pip install bqplot (the dashboard's figures)")
+    wanted = bqplot.Figure.class_traits()["_model_module_version"].default_value  # e.g. "^0.6.1"
+    frontends = bqplot_frontends()
+    seen = f"bqplot {_version('bqplot')}, front-end {', '.join(frontends) or 'missing'} (wants {wanted})"
+    major_minor = wanted.lstrip("^~").split(".")[:2]
+    if not any(f.split(".")[:2] == major_minor for f in frontends):
+        return Check(
+            "bqplot",
+            FAIL,
+            seen,
+            "the dashboard's figures would not render: reinstall bqplot in the environment JupyterLab runs from "
+            "(pip install --force-reinstall bqplot), then restart JupyterLab",
+        )
+    return Check("bqplot", PASS, seen)
+
+
 def check_matplotlib() -> Check:
     try:
         import matplotlib
@@ -270,6 +307,7 @@ def all_checks() -> list[Callable[[], Check]]:
         check_gloo_allreduce,
         check_numerics,
         check_widgets,
+        check_bqplot,
         check_matplotlib,
         check_nbval,
     ]

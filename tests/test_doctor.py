@@ -24,7 +24,7 @@ def test_doctor_passes_here_and_prints_a_table(capsys):
         "nbval",
     ):
         assert name in out
-    assert "all 12 checks passed" in out and "FAIL" not in out
+    assert "all 13 checks passed" in out and "FAIL" not in out
 
 
 def test_a_blocked_start_method_fails_with_advice(monkeypatch):
@@ -50,6 +50,15 @@ def test_a_mismatched_widget_frontend_fails_with_the_fix(monkeypatch):
     assert "jupyterlab_widgets>=3,<4" in result.advice
     versions["jupyterlab_widgets"] = "3.0.17"
     assert doctor.check_widgets().status == doctor.PASS
+
+
+def test_a_missing_or_mismatched_bqplot_frontend_fails_with_the_fix(monkeypatch):
+    assert doctor.check_bqplot().status == doctor.PASS  # this environment's extension matches its package
+    for frontends in ([], ["0.5.44"]):
+        monkeypatch.setattr(doctor, "bqplot_frontends", lambda found=frontends: found)
+        result = doctor.check_bqplot()
+        assert result.status == doctor.FAIL and "would not render" in result.advice
+        assert "missing" in result.seen if not frontends else "0.5.44" in result.seen
 
 
 def test_missing_nbval_and_a_crashing_check_are_failures_not_crashes(monkeypatch, capsys):
@@ -83,4 +92,4 @@ def test_doctor_is_a_command():
 
     out = subprocess.run([sys.executable, "-m", "commhooks_lab", "doctor"], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "all 12 checks passed" in out.stdout
+    assert "all 13 checks passed" in out.stdout
