@@ -8,8 +8,9 @@
   ``lab.run`` measures (``rel_error``, ``cosine``, ``rank_spread``, bytes); ``measured`` holds them (a DataFrame).
   Output is labelled by rank, and ranks that print the same are shown once. A rank whose cell raises prints its
   traceback, named, and the cell fails; the other ranks' namespaces are kept. A cell that hangs (a collective some
-  rank never joins) ends with the launcher's ``WorkerTimeoutError``; that, and an interrupt (Ctrl-C), stop the ranks,
-  so their namespaces are gone and the next cell starts fresh ones;
+  rank never joins) ends with the launcher's ``WorkerTimeoutError``, ``--timeout`` S plus about 5 s after the
+  ranks' last sign of life (``WATCHDOG_MARGIN_S``: gloo's own timeout gets to report first); that, and an
+  interrupt (Ctrl-C), stop the ranks, so their namespaces are gone and the next cell starts fresh ones;
 - ``%ddp push NAME ...`` / ``%ddp pull NAME [--rank R]``: copy picklable values into every rank / back (a list in
   rank order, or rank R's value);
 - ``%ddp reset`` forgets the namespaces (the ranks stay); ``%ddp stop`` stops the ranks; ``%ddp status``.
