@@ -21,10 +21,11 @@ def is_helper(p: psutil.Process) -> bool:
     return _helper_command(p) and not _helper_command(p.parent())
 
 
-def live_children() -> set[int]:
-    """Our live descendants, less multiprocessing's per-parent helper processes (their forked ranks count)."""
+def live_children(of: psutil.Process | None = None) -> set[int]:
+    """Live descendants of ``of`` (default: this process), less multiprocessing's per-parent helper processes
+    (their forked ranks count)."""
     pids = set()
-    for p in psutil.Process().children(recursive=True):
+    for p in (of or psutil.Process()).children(recursive=True):
         try:
             if p.status() != psutil.STATUS_ZOMBIE and not is_helper(p):
                 pids.add(p.pid)

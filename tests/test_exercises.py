@@ -250,6 +250,10 @@ def also_seeds_the_global_one(seed, rank, step, bucket_index):
     return torch.Generator().manual_seed(number)
 
 
+def salted_str_hash(seed, rank, step, bucket_index):  # the same within a process tree, not after a restart
+    return torch.Generator().manual_seed(hash(f"{seed}-{rank}-{step}-{bucket_index}") % 2**63)
+
+
 def returns_the_seed(seed, rank, step, bucket_index):
     return hash((seed, rank, step, bucket_index))
 
@@ -286,6 +290,7 @@ def test_rounding_generator_not_attempted_hands_on_the_reference(cluster, capsys
         (ignores_the_seed, "seed 1 drew the same noise as seed 0"),
         (also_seeds_the_global_one, "changes torch's global generator"),
         (returns_the_seed, "return a torch.Generator"),
+        (salted_str_hash, "hash() of a str or bytes, which Python salts anew in every process"),
     ],
     ids=lambda x: x.__name__ if callable(x) else "",
 )

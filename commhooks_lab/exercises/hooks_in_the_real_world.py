@@ -46,7 +46,8 @@ def _verify_compile_safe(fn, cluster) -> str | None:
     if compiled["grad_sha256"] != exact["grad_sha256"]:
         return (
             "it runs under compiled autograd but leaves another gradient: DDP ignores what the hook returns there, "
-            "so the mean must be in the gradient before the hook returns (a synchronous all_reduce, no .then())."
+            "so the mean must be in param.grad itself before the hook returns: divide that tensor in place (div_) "
+            "and all-reduce it, synchronously (no .then()), not a copy of it."
         )
     if compiled["graph_breaks"] > reference_compiled["graph_breaks"]:  # the reference has none
         return _graph_break_hint(int(compiled["graph_breaks"]), str(compiled["graph_break"]))

@@ -315,14 +315,15 @@ def _noise_problem(first: list[dict], second: list[dict]) -> str | None:
     if any(a[s]["draws"] != b[s]["draws"] for a, b in zip(first, second) for s in NOISE_SEEDS):
         return (
             "two runs with the same seed drew different noise: your seed comes from somewhere that changes from run "
-            "to run (the clock, the OS's entropy: Generator.seed(), time.time_ns()). Build it from the four "
-            "arguments alone, so that a run can be repeated and a bug reproduced."
+            "to run (the clock, the OS's entropy: Generator.seed(), time.time_ns(); the process id; hash() of a "
+            "str or bytes, which Python salts anew in every process). Build it from the four integers alone, so "
+            "that a run can be repeated and a bug reproduced."
         )
     if any("global" in r[s]["kinds"] for r in first for s in NOISE_SEEDS):
         return (
-            "it hands back torch's global generator (None or torch.default_generator), which every rank seeded with "
-            "the same number, and whose every draw shifts the training script's later ones (dropout, data order): "
-            "return a torch.Generator() of the hook's own, seeded with manual_seed(...)."
+            "it hands back torch's global generator (None or torch.default_generator), whose every draw shifts the "
+            "training script's later ones (dropout, data order): return a torch.Generator() of the hook's own, "
+            "seeded with manual_seed(...)."
         )
     if any(r[s]["draws"] != r[(s, "reversed")]["draws"] for r in first for s in NOISE_SEEDS):
         return (
@@ -381,16 +382,20 @@ def check_rounding_generator(attempt, cluster=None) -> Outcome:
     per rank, new every step and bucket, the same in every run."""
 
     def verify(fn) -> str | None:
+        from ..launcher import launch
+
         first = _run_noise_job(fn, cluster)
-        return _noise_problem(first, _run_noise_job(fn, cluster))
+        problem = _noise_problem(first, _run_noise_job(fn, cluster))
+        if problem is not None:
+            return problem
+        # Then a run in new interpreters, as a rerun of the script would be: other PIDs, another hash() salt.
+        return _noise_problem(first, launch(_noise_job, fn, world_size=2, start_method="spawn"))
 
     return check_function(
         "rounding_generator",
         attempt,
         verify,
-        "On two ranks, in two runs: every (seed, rank, step, bucket) draws noise of its own, the same in both "
-        "runs and whatever the order of the calls, and torch's global generator is left alone. PyTorch's "
-        "powerSGD_hook does the shared half of this: every rank seeds a NumPy generator with the same random_seed "
-        "and seeds torch from its next number whenever it needs new random matrices. The lab's compressors seed "
-        "like yours (lab.compressors.Where.generator).",
+        "On two ranks, in two runs (the second in new processes): every (seed, rank, step, bucket) draws noise of "
+        "its own, the same in both runs and whatever the order of the calls, and torch's global generator is left "
+        "alone. The lab's compressors seed like yours (lab.compressors.Where.generator).",
     )

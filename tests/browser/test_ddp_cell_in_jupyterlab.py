@@ -16,7 +16,7 @@ import nbformat
 import psutil
 import pytest
 from _jupyterlab import SCREENSHOTS, browser_page, run_all_cells, running_jupyterlab, wait_until
-from conftest import is_helper, session_members, wait_gone
+from conftest import live_children, session_members, wait_gone
 
 PER_RANK = """\
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
@@ -53,14 +53,7 @@ def kernels(lab) -> list[psutil.Process]:
 
 def ranks(kernel: psutil.Process) -> set[int]:
     """The kernel's live rank processes: its descendants less multiprocessing's helpers (the rank server)."""
-    pids = set()
-    for p in kernel.children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and not is_helper(p):
-                pids.add(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return pids
+    return live_children(kernel)
 
 
 @pytest.fixture
