@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from pathlib import Path
 from typing import Any
 
 __all__ = [
