@@ -126,6 +126,7 @@ class LiveFigures:
         self.spread.title = f"Do all ranks agree? {name}, running"
         with self.spread_line.hold_sync():
             self.spread_line.x, self.spread_line.y, self.spread_line.colors = _EMPTY, _EMPTY, [color_of(index)]
+            self.spread_line.visible = True
 
     def add_rows(self, rows: list[dict]) -> None:
         """The run in progress measured these steps: its curves grow by them."""
@@ -149,7 +150,12 @@ class LiveFigures:
 
     # -- when a run ends -------------------------------------------------------------------------------
     def show(self, results: list[Result]) -> None:
-        """Every figure from the session's finished ``results`` (the last ``max_runs`` of them on the left)."""
+        """Every figure from the session's finished ``results`` (the last ``max_runs`` of them on the left); a run
+        that failed part-way leaves no line behind."""
+        if not results:
+            self._draw_error_lines([], 0, pad_to=self.max_runs)
+            self.spread_line.x, self.spread_line.y = _EMPTY, _EMPTY
+            return
         recent = results[-self.max_runs :]
         offset = len(results) - len(recent)
         self._draw_error_lines(recent, offset, pad_to=self.max_runs)

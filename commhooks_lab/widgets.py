@@ -195,6 +195,7 @@ class HookLab:
                 f"{html.escape(type(exc).__name__)}: {html.escape(str(exc))}</pre>"
             )
             self.status.value = "failed: see the message below; change an option and run again"
+            self.figures.show(list(self.results))  # the failed run's partial curve goes
         finally:
             self.run_button.disabled = False
             self.last_click_s = time.perf_counter() - start

@@ -177,6 +177,7 @@ def test_a_bad_option_shows_its_message_and_the_dashboard_stays_usable(dashboard
     assert "matrix_approximation_rank must be an int &gt;= 1, got 0" in dashboard.error.value
     assert dashboard.status.value.startswith("failed") and not dashboard.results
     assert dashboard.cluster is None  # refused before any process started
+    assert not any(len(line.x) for line in dashboard.figures.error_lines)
     dashboard.options["matrix_approximation_rank"].value = 1
     dashboard.run_button.click()
     assert dashboard.error.value == "" and len(dashboard.results) == 1
