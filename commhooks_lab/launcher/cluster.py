@@ -45,6 +45,8 @@ FAILURE_GRACE_S = 0.5
 #: step's collective starts that long after its heartbeat), so that the process group's own
 #: timeout reports first and the rank that never joined a collective can be named.
 WATCHDOG_MARGIN_S = 5.0
+#: The longest the notebook waits on its ranks without looking up (for a pending Ctrl-C).
+INTERRUPT_CHECK_S = 0.25
 #: How long ranks get to leave after ``stop`` before they are terminated.
 SHUTDOWN_GRACE_S = 5.0
 #: Starting ranks (``import torch`` in each, on a busy laptop) may take longer than a short lesson timeout.
@@ -449,6 +451,9 @@ class Cluster:
             until = min(deadline, grace_until) if grace_until else deadline
             if watch.active:
                 until = min(until, now + 1.0)  # wake up to say which rank is behind
+            # Wake up often anyway: Ctrl-C that lands on another thread of the kernel does not interrupt this
+            # wait, and Python raises the KeyboardInterrupt only when the main thread runs again.
+            until = min(until, now + INTERRUPT_CHECK_S)
             by_conn = {self._conns[r]: r for r in pending}
             by_sentinel = {self._procs[r].sentinel: r for r in pending}
             for obj in wait(list(by_conn) + list(by_sentinel), timeout=max(0.0, until - now)):
