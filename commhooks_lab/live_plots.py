@@ -153,12 +153,12 @@ class LiveFigures:
         """Every figure from the session's finished ``results`` (the last ``max_runs`` of them on the left); a run
         that failed part-way leaves no line behind."""
         if not results:
-            self._draw_error_lines([], 0, pad_to=self.max_runs)
+            self._draw_error_lines([], 0)
             self.spread_line.x, self.spread_line.y = _EMPTY, _EMPTY
             return
         recent = results[-self.max_runs :]
         offset = len(results) - len(recent)
-        self._draw_error_lines(recent, offset, pad_to=self.max_runs)
+        self._draw_error_lines(recent, offset)
         self.takeaway.value = f"<b>{html.escape(takeaway(recent))}</b>"
         points, _, _ = tradeoff_points(recent)
         index = {id(r): offset + i for i, r in enumerate(recent)}
@@ -172,14 +172,15 @@ class LiveFigures:
         self._show_agreement(results[-1], len(results) - 1)
         self._log_ticks()
 
-    def _draw_error_lines(self, runs: list[Result], first_index: int, pad_to: int | None = None) -> None:
+    def _draw_error_lines(self, runs: list[Result], first_index: int) -> None:
+        """``runs`` on the first lines (run ``first_index`` first), every other line emptied."""
         lines = self.error_lines[: len(runs)]
         for i, (line, r) in enumerate(zip(lines, runs)):
             with line.hold_sync():
                 line.x = np.asarray(r.steps["step"], dtype=float)
                 line.y = np.maximum(np.asarray(r.steps["rel_error"], dtype=float), FLOOR)
                 line.labels, line.colors, line.display_legend = [r.name], [color_of(first_index + i)], True
-        for line in self.error_lines[len(runs) : pad_to if pad_to is not None else len(self.error_lines) - 1]:
+        for line in self.error_lines[len(runs) :]:
             with line.hold_sync():
                 line.x, line.y, line.labels, line.display_legend = _EMPTY, _EMPTY, [], False
 

@@ -76,7 +76,6 @@ class HookLab:
         self.status = w.HTML("ready: nothing has run yet")
         self.error = w.HTML("")
         self.figures = LiveFigures(max_plotted_runs)
-        self.plot, self.agreement = self.figures.overview, self.figures.agreement
         self.table = w.HTML("")
         self.results = ResultSet()
         self.cluster: Cluster | None = None  # the ranks the last click ran on
@@ -111,8 +110,8 @@ class HookLab:
             [
                 w.HTML("<h3>HookLab: DDP communication hooks, measured</h3>"),
                 controls,
-                self.plot,
-                self.agreement,
+                self.figures.overview,
+                self.figures.agreement,
                 w.HTML("<b>This session's runs</b>"),
                 self.table,
             ]
