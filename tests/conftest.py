@@ -1,4 +1,5 @@
 import os
+import signal
 import time
 
 import psutil
@@ -58,6 +59,28 @@ def session_members(sid: int) -> set[int]:
     return pids
 
 
+#: The test files that take longest (a minute or more each, ``--durations``), longest first. Under ``pytest -n 2``
+#: (the README's test command) they start first, so that the run does not end with one worker busy on one of them
+#: while the other has nothing left to do.
+STARTS_FIRST = (
+    "tests/test_other_machines.py",
+    "tests/test_compile_compat.py",
+    "tests/test_emulated_cpu.py",
+    "notebooks/08_when_compression_pays_off.ipynb",
+    "tests/test_mutations.py",
+    "tests/test_testing.py",
+    "notebooks/10_hooks_in_the_real_world.ipynb",
+    "tests/test_torchrun_multinode.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files of STARTS_FIRST first, in its order; every other item keeps its place (the sort is stable)."""
+    rank = {path: i for i, path in enumerate(STARTS_FIRST)}
+    root = config.rootpath
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """Two warm ranks shared by one test module's tests (a module that needs another size defines its own)."""
@@ -70,6 +93,15 @@ def fresh_session():
     """Every test starts without the warm session's ranks and leaves none: tests never share warm ranks."""
     yield
     session.close()
+
+
+@pytest.fixture
+def keyboard_interrupts():
+    """SIGINT raises KeyboardInterrupt in this process, as in a kernel: pytest-xdist's workers ignore SIGINT
+    (their controller takes Ctrl-C), so a test that interrupts itself sets Python's own handler back."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture

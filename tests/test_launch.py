@@ -84,7 +84,7 @@ def test_an_unpicklable_return_value_is_an_error_not_a_hang():
         launch(_workers.return_unpicklable, world_size=2, timeout_s=30)
 
 
-def test_keyboard_interrupt_terminates_the_ranks():
+def test_keyboard_interrupt_terminates_the_ranks(keyboard_interrupts):
     timer = threading.Timer(4.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:

@@ -82,7 +82,7 @@ def test_a_hang_ends_with_the_launchers_timeout_and_a_fresh_start_after(shell, c
     assert "fresh ranks" in capsys.readouterr().out
 
 
-def test_an_interrupt_stops_the_cell_on_every_rank(shell, capsys):
+def test_an_interrupt_stops_the_cell_on_every_rank(shell, capsys, keyboard_interrupts):
     """Even a Ctrl-C that does not wake the kernel's wait (it landed on another thread: interrupt_main only sets
     the flag) stops the cell long before the ranks' 30 s timeout would."""
     cell(shell, "before = 1")

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from .notebooks import CellReport, compare_outputs, tolerance_of
+from .notebooks import CellReport, Tolerance, compare_outputs, tolerance_of
 
 __all__: list[str] = []
 
-_REPORTS = pytest.StashKey[list]()
+#: The name under which each compared cell's summary line travels in its test report's ``user_properties``: with
+#: pytest-xdist the cells run in worker processes and only the reports reach the process that prints the summary.
+_PROPERTY = "commhooks_lab.tolerant"
 _SAVED_COMPARE = pytest.StashKey[object]()
 
 
@@ -32,7 +34,7 @@ def _tolerant_compare_outputs(self, test, ref, skip_compare=None) -> bool:
     """nbval's ``IPyNbCell.compare_outputs``, with the notebook's tolerances instead of character for character."""
     tolerance = tolerance_of(self.parent.nb.metadata, self.cell.metadata)
     report = compare_outputs(ref, test, tolerance, self.sanitize, cell=self.cell_num)
-    self.config.stash[_REPORTS].append((self.nodeid, tolerance, report))
+    self.user_properties.append((_PROPERTY, _summary_line(self.nodeid, tolerance, report)))
     if not report.same:
         self.comparison_traceback = [report.problem, *_moved_lines(report)]
     return report.same
@@ -45,6 +47,38 @@ def _moved_lines(report: CellReport) -> list[str]:
     ]
 
 
+def _summary_line(nodeid: str, tolerance: Tolerance, report: CellReport) -> str:
+    """The cell's line of the closing table; empty when nothing moved."""
+    if not report.moved and report.same:
+        return ""
+    verdict = "ok" if report.same else "FAILED"
+    return (
+        f"{verdict:6} {nodeid}: {len(report.moved)} numbers moved, largest relative move "
+        f"{report.largest_relative_move:.2g} (rtol {tolerance.rtol:g}, atol {tolerance.atol:g})"
+    )
+
+
+class _Summary:
+    """Collects the compared cells' lines from the test reports (local or from xdist workers) and prints them."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.when == "call":  # the teardown's report carries the item's properties again
+            self.lines += [value for name, value in report.user_properties if name == _PROPERTY]
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        moved = [line for line in self.lines if line]
+        terminalreporter.section("numbers that moved (--lab-tolerant)")
+        if not moved:
+            terminalreporter.write_line(
+                f"none: all {len(self.lines)} compared cells are character for character the same"
+            )
+        for line in moved:
+            terminalreporter.write_line(line)
+
+
 def pytest_configure(config) -> None:
     if not config.getoption("lab_tolerant", False):
         return
@@ -52,7 +86,7 @@ def pytest_configure(config) -> None:
         raise pytest.UsageError("--lab-tolerant goes with --nbval")
     from nbval import plugin as nbval_plugin
 
-    config.stash[_REPORTS] = []
+    config.pluginmanager.register(_Summary(), "commhooks_lab-tolerant-summary")
     config.stash[_SAVED_COMPARE] = nbval_plugin.IPyNbCell.compare_outputs
     nbval_plugin.IPyNbCell.compare_outputs = _tolerant_compare_outputs  # nbval has no hook for it
 
@@ -63,20 +97,3 @@ def pytest_unconfigure(config) -> None:
         from nbval import plugin as nbval_plugin
 
         nbval_plugin.IPyNbCell.compare_outputs = saved
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    reports = config.stash.get(_REPORTS, None)
-    if reports is None:
-        return
-    moved = [(nodeid, tol, r) for nodeid, tol, r in reports if r.moved or not r.same]
-    terminalreporter.section("numbers that moved (--lab-tolerant)")
-    if not moved:
-        terminalreporter.write_line(f"none: all {len(reports)} compared cells are character for character the same")
-        return
-    for nodeid, tol, report in moved:
-        verdict = "ok" if report.same else "FAILED"
-        terminalreporter.write_line(
-            f"{verdict:6} {nodeid}: {len(report.moved)} numbers moved, largest relative move "
-            f"{report.largest_relative_move:.2g} (rtol {tol.rtol:g}, atol {tol.atol:g})"
-        )

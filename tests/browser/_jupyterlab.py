@@ -153,13 +153,40 @@ def running_jupyterlab(tmp_path: Path, notebook: Path, name: str) -> Iterator[Ju
 
 @contextlib.contextmanager
 def browser_page() -> Iterator:
-    """A page of headless Chromium, 1400 x 1000."""
+    """A page of headless Chromium, 1400 x 1000; its console's errors and warnings are kept for :func:`diagnosis`."""
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            yield browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            messages: list[str] = []
+            page.on(
+                "console", lambda m: messages.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None
+            )
+            page.on("pageerror", lambda e: messages.append(f"page error: {e}"))
+            CONSOLE[id(page)] = messages
+            yield page
         finally:
+            CONSOLE.pop(id(page), None)
             browser.close()
+
+
+#: Each open page's console errors and warnings, by ``id(page)``.
+CONSOLE: dict[int, list[str]] = {}
+
+
+def diagnosis(page, lab: JupyterLab) -> str:
+    """What a failed wait should report: the page's console errors, what its output areas show, the server's log."""
+    outputs = page.locator(".jp-OutputArea-output").all_inner_texts()
+    return "\n".join(
+        [
+            "console errors and warnings (last 20):",
+            *CONSOLE.get(id(page), [])[-20:],
+            f"output areas ({len(outputs)}), first 300 characters of each:",
+            *(f"  [{i}] {text[:300]!r}" for i, text in enumerate(outputs)),
+            "JupyterLab's log (last 3000 characters):",
+            lab.log.read_text()[-3000:],
+        ]
+    )
 
 
 FIRST_PROMPT_RAN = """() => {

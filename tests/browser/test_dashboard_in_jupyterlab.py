@@ -9,14 +9,14 @@ Run, and reads the figures (bqplot's SVG) and the runs table off the page. A scr
 from __future__ import annotations
 
 import pytest
-from _jupyterlab import ROOT, SCREENSHOTS, browser_page, run_all_cells, running_jupyterlab
+from _jupyterlab import ROOT, SCREENSHOTS, browser_page, diagnosis, run_all_cells, running_jupyterlab, sync_api
 
 
 @pytest.fixture
 def jupyterlab(tmp_path):
-    """A private JupyterLab serving a copy of the dashboard notebook; yields the notebook's URL."""
+    """A private JupyterLab serving a copy of the dashboard notebook."""
     with running_jupyterlab(tmp_path, ROOT / "notebooks" / "06_dashboard.ipynb", "dashboard.ipynb") as lab:
-        yield lab.url
+        yield lab
 
 
 @pytest.fixture
@@ -29,13 +29,16 @@ def test_the_dashboard_runs_a_hook_chosen_in_the_browser(jupyterlab, page):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shot = SCREENSHOTS / "dashboard.png"
     try:
-        page.goto(jupyterlab)
+        page.goto(jupyterlab.url)
         run_all_cells(page)
-        # The notebook's last exercise check prints "not attempted yet" (it starts unsolved); the dashboard
-        # widget renders above it.
-        page.wait_for_selector("text=half_bytes_rank: not attempted yet", timeout=120_000)
         dashboard = page.locator(".jupyter-widgets:has(h3:has-text('HookLab'))").first
-        dashboard.wait_for(timeout=90_000)  # widgets render after the kernel is idle; slow on a loaded machine
+        try:
+            # The notebook's last exercise check prints "not attempted yet" (it starts unsolved); the dashboard
+            # widget renders above it.
+            page.wait_for_selector("text=half_bytes_rank: not attempted yet", timeout=120_000)
+            dashboard.wait_for(timeout=90_000)  # widgets render after the kernel is idle; slow on a loaded machine
+        except sync_api.TimeoutError as e:
+            pytest.fail(f"{e}\n{diagnosis(page, jupyterlab)}", pytrace=False)
         hook = dashboard.locator(".widget-dropdown:has(label:text-is('hook')) select")
         table = dashboard.locator("table.hooklab-runs")
         rows = table.locator("tbody tr")
