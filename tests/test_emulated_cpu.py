@@ -35,6 +35,9 @@ CASES = {
     "cnn allreduce": {"model": "cnn", "hook": "allreduce"},
 }
 STEPS = 6
+#: An emulated rank is about 12x slower, and slower again while other tests share the two cores (``pytest -n 2``):
+#: the default 30 s per run is not enough there. The same value on both sides, so the configs compare equal.
+TIMEOUT_S = 600
 
 
 def _no_emulator() -> None:
@@ -61,19 +64,22 @@ def test_the_emulated_cpu_is_another_cpu_and_native_numerics_show_it(emulated_py
     for name in numerics.PORTABLE_VARIABLES:
         env.pop(name)
     env[numerics.MODE_VARIABLE] = "native"
-    seen = fingerprint.in_child(env, executable=emulated_python, timeout_s=600)
+    seen = fingerprint.in_child(env, executable=emulated_python, timeout_s=TIMEOUT_S)
     assert seen["aten_kernels"] == "AVX2"
     assert fingerprint.differences(seen) != []  # portable numerics there: the next test's ranks
 
 
 def test_ranks_on_an_emulated_cpu_give_this_machines_numbers_bit_for_bit(emulated_python):
-    native = {name: lab.run(steps=STEPS, fresh=True, **case) for name, case in CASES.items()}
+    native = {name: lab.run(steps=STEPS, fresh=True, timeout_s=TIMEOUT_S, **case) for name, case in CASES.items()}
     previous = spawn.get_executable()
     multiprocessing.set_executable(emulated_python)
     try:
-        with lab.Cluster(world_size=2, start_method="spawn", timeout_s=600) as emulated:
+        with lab.Cluster(world_size=2, start_method="spawn", timeout_s=TIMEOUT_S) as emulated:
             kernels = emulated.run(lambda ctx: __import__("torch").backends.cpu.get_cpu_capability())
-            runs = {name: lab.run(steps=STEPS, cluster=emulated, **case) for name, case in CASES.items()}
+            runs = {
+                name: lab.run(steps=STEPS, cluster=emulated, timeout_s=TIMEOUT_S, **case)
+                for name, case in CASES.items()
+            }
     finally:
         multiprocessing.set_executable(previous)
     assert kernels == ["DEFAULT", "DEFAULT"]
