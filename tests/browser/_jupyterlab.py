@@ -40,10 +40,7 @@ CHROMIUM_ARGS = [
 SETTINGS = {  # what a fresh JupyterLab would otherwise stop to ask, or fetch from the network
     # windowingMode "none": JupyterLab 4.6 renders (and so runs) cells lazily in its windowed mode, which left
     # the last cells of a long notebook unexecuted by Run All in a headless browser.
-    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {
-        "autoStartDefaultKernel": True,
-        "windowingMode": "none",
-    },
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
 }
 
@@ -80,6 +77,13 @@ class JupyterLab:
     url: str
     server: subprocess.Popen
     log: Path
+    base: str
+    token: str
+
+    def kernel_ids(self) -> list[str]:
+        """The ids of the server's running kernels (its REST API)."""
+        with urllib.request.urlopen(f"{self.base}/api/kernels?token={self.token}", timeout=5) as r:
+            return [k["id"] for k in json.load(r)]
 
 
 @contextlib.contextmanager
@@ -140,7 +144,8 @@ def running_jupyterlab(tmp_path: Path, notebook: Path, name: str) -> Iterator[Ju
 
     try:
         wait_until(status_ok, 60, "JupyterLab's server")
-        yield JupyterLab(f"http://127.0.0.1:{port}/lab/tree/{name}?token={token}", server, log_path)
+        base = f"http://127.0.0.1:{port}"
+        yield JupyterLab(f"{base}/lab/tree/{name}?token={token}", server, log_path, base, token)
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server and every kernel it started
         try:
@@ -193,6 +198,26 @@ FIRST_PROMPT_RAN = """() => {
     const prompt = document.querySelector('.jp-CodeCell .jp-InputPrompt');
     return prompt !== null && /\\[(\\d+|\\*)\\]/.test(prompt.innerText);
 }"""
+
+
+def open_notebook(page, lab: JupyterLab) -> None:
+    """Open the served notebook and wait until its kernel has settled, then load the page again.
+
+    On a loaded machine JupyterLab sometimes starts the notebook's kernel, shuts it down and starts another within
+    a second or two (the server's log shows it). Widgets displayed after that rendered as their text (``VBox(...)``):
+    the page's widget manager was left on the first kernel. A page loaded once the one kernel stays joins its
+    session and starts no kernel, so it has nothing to race with.
+    """
+    page.goto(lab.url)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+    seen: list[list[str]] = []
+
+    def one_kernel_for_two_seconds():
+        seen.append(lab.kernel_ids())
+        return len(seen) >= 8 and len(seen[-1]) == 1 and all(ids == seen[-1] for ids in seen[-8:])
+
+    wait_until(one_kernel_for_two_seconds, 60, "one kernel that stays", poll_s=0.25)
+    page.reload()
 
 
 def run_all_cells(page, attempts: int = 3) -> None:

@@ -9,7 +9,16 @@ Run, and reads the figures (bqplot's SVG) and the runs table off the page. A scr
 from __future__ import annotations
 
 import pytest
-from _jupyterlab import ROOT, SCREENSHOTS, browser_page, diagnosis, run_all_cells, running_jupyterlab, sync_api
+from _jupyterlab import (
+    ROOT,
+    SCREENSHOTS,
+    browser_page,
+    diagnosis,
+    open_notebook,
+    run_all_cells,
+    running_jupyterlab,
+    sync_api,
+)
 
 
 @pytest.fixture
@@ -29,7 +38,7 @@ def test_the_dashboard_runs_a_hook_chosen_in_the_browser(jupyterlab, page):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shot = SCREENSHOTS / "dashboard.png"
     try:
-        page.goto(jupyterlab.url)
+        open_notebook(page, jupyterlab)
         run_all_cells(page)
         dashboard = page.locator(".jupyter-widgets:has(h3:has-text('HookLab'))").first
         try:

@@ -15,7 +15,7 @@ import signal
 import nbformat
 import psutil
 import pytest
-from _jupyterlab import SCREENSHOTS, browser_page, run_all_cells, running_jupyterlab, wait_until
+from _jupyterlab import SCREENSHOTS, browser_page, open_notebook, run_all_cells, running_jupyterlab, wait_until
 from conftest import live_children, session_members, wait_gone
 
 PER_RANK = """\
@@ -90,7 +90,7 @@ def test_ddp_cells_show_each_ranks_output_and_name_the_rank_that_raised(jupyterl
     shot = SCREENSHOTS / "ddp_cells.png"
     cells = page.locator(".jp-Notebook .jp-CodeCell")
     try:
-        page.goto(jupyterlab.url)
+        open_notebook(page, jupyterlab)
         run_all_cells(page)
         cells.nth(RAISES_AT).locator(".jp-OutputArea-output:has-text('DDPCellError')").wait_for(timeout=120_000)
 
