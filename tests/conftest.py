@@ -59,9 +59,9 @@ def session_members(sid: int) -> set[int]:
     return pids
 
 
-#: The test files that take longest (a minute or more each, ``--durations``), longest first. Under ``pytest -n 2``
-#: (the README's test command) they start first, so that the run does not end with one worker busy on one of them
-#: while the other has nothing left to do.
+#: The test files that take longest (40 s to over 4 minutes each under ``-n 2``, ``--durations``), longest first.
+#: Under ``pytest -n 2`` (the README's test command) they start first, so that the run does not end with one worker
+#: busy on one of them while the other has nothing left to do.
 STARTS_FIRST = (
     "tests/test_other_machines.py",
     "tests/test_compile_compat.py",

@@ -169,9 +169,11 @@ def browser_page() -> Iterator:
             )
             page.on("pageerror", lambda e: messages.append(f"page error: {e}"))
             CONSOLE[id(page)] = messages
-            yield page
+            try:
+                yield page
+            finally:
+                CONSOLE.pop(id(page), None)
         finally:
-            CONSOLE.pop(id(page), None)
             browser.close()
 
 
@@ -203,10 +205,10 @@ FIRST_PROMPT_RAN = """() => {
 def open_notebook(page, lab: JupyterLab) -> None:
     """Open the served notebook and wait until its kernel has settled, then load the page again.
 
-    On a loaded machine JupyterLab sometimes starts the notebook's kernel, shuts it down and starts another within
-    a second or two (the server's log shows it). Widgets displayed after that rendered as their text (``VBox(...)``):
-    the page's widget manager was left on the first kernel. A page loaded once the one kernel stays joins its
-    session and starts no kernel, so it has nothing to race with.
+    On a loaded machine JupyterLab once started the notebook's kernel, shut it down and started another within 1.6 s
+    (the server's log showed it), and the dashboard then rendered as its text (``VBox(...)``), as if the page's
+    widget manager had stayed with the first kernel. A page loaded once the one kernel stays joins its session and
+    starts no kernel, so it has nothing to race with.
     """
     page.goto(lab.url)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
