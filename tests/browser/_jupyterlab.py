@@ -40,7 +40,11 @@ CHROMIUM_ARGS = [
 SETTINGS = {  # what a fresh JupyterLab would otherwise stop to ask, or fetch from the network
     # windowingMode "none": JupyterLab 4.6 renders (and so runs) cells lazily in its windowed mode, which left
     # the last cells of a long notebook unexecuted by Run All in a headless browser.
-    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    # autoStartDefaultKernel: without it JupyterLab asked "Select Kernel" in CI for a notebook that names its kernel.
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {
+        "autoStartDefaultKernel": True,
+        "windowingMode": "none",
+    },
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false", "checkForUpdates": False},
 }
 
@@ -222,11 +226,21 @@ def open_notebook(page, lab: JupyterLab) -> None:
     page.reload()
 
 
+def accept_kernel_dialog(page) -> None:
+    """Answer a "Select Kernel" dialog with its default (the notebook's own kernel), as a participant would: CI once
+    showed one over a notebook whose kernel was already idle, and it blocks every click."""
+    dialog = page.locator(".jp-Dialog:has-text('Select Kernel')")
+    if dialog.count():
+        dialog.locator("button.jp-mod-accept").click()
+        dialog.wait_for(state="detached", timeout=10_000)
+
+
 def run_all_cells(page, attempts: int = 3) -> None:
     """Run All once the kernel is idle, and retry if no cell starts: a Run All sent while the
     session is still connecting walks through the cells without executing any of them."""
     for attempt in range(attempts):
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        accept_kernel_dialog(page)
         page.click("li.lm-MenuBar-item:has-text('Run')")
         page.click("li.lm-Menu-item:has-text('Run All Cells')")
         try:
