@@ -449,10 +449,8 @@ class Cluster:
                     raise _not_reading(unsent, timeout_s, failures)
                 raise self._hang(watch, sorted(pending), timeout_s, failures, watchdog=True)
             until = min(deadline, grace_until) if grace_until else deadline
-            if watch.active:
-                until = min(until, now + 1.0)  # wake up to say which rank is behind
-            # Wake up often anyway: Ctrl-C that lands on another thread of the kernel does not interrupt this
-            # wait, and Python raises the KeyboardInterrupt only when the main thread runs again.
+            # Wake up often: to say which rank is behind, and because Ctrl-C that lands on another thread of the
+            # kernel does not interrupt this wait (Python raises it only when the main thread runs again).
             until = min(until, now + INTERRUPT_CHECK_S)
             by_conn = {self._conns[r]: r for r in pending}
             by_sentinel = {self._procs[r].sentinel: r for r in pending}

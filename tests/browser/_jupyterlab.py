@@ -76,13 +76,18 @@ def wait_until(check, timeout_s: float, what: str, poll_s: float = 0.25):
 
 @dataclass
 class JupyterLab:
-    """A running server: ``url`` opens the notebook; ``server`` is its process; ``log`` its output."""
+    """A running server at ``base``, serving ``notebook`` (``url`` opens it); ``server`` is its process, ``log`` its
+    output."""
 
-    url: str
-    server: subprocess.Popen
-    log: Path
     base: str
     token: str
+    notebook: str
+    server: subprocess.Popen
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"{self.base}/lab/tree/{self.notebook}?token={self.token}"
 
     def kernel_ids(self) -> list[str]:
         """The ids of the server's running kernels (its REST API)."""
@@ -148,8 +153,7 @@ def running_jupyterlab(tmp_path: Path, notebook: Path, name: str) -> Iterator[Ju
 
     try:
         wait_until(status_ok, 60, "JupyterLab's server")
-        base = f"http://127.0.0.1:{port}"
-        yield JupyterLab(f"{base}/lab/tree/{name}?token={token}", server, log_path, base, token)
+        yield JupyterLab(f"http://127.0.0.1:{port}", token, name, server, log_path)
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server and every kernel it started
         try:
@@ -200,6 +204,8 @@ def diagnosis(page, lab: JupyterLab) -> str:
     )
 
 
+#: The notebook's kernel is connected and idle.
+IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
 FIRST_PROMPT_RAN = """() => {
     const prompt = document.querySelector('.jp-CodeCell .jp-InputPrompt');
     return prompt !== null && /\\[(\\d+|\\*)\\]/.test(prompt.innerText);
@@ -215,7 +221,7 @@ def open_notebook(page, lab: JupyterLab) -> None:
     starts no kernel, so it has nothing to race with.
     """
     page.goto(lab.url)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+    page.wait_for_selector(IDLE, timeout=90_000)
     seen: list[list[str]] = []
 
     def one_kernel_for_two_seconds():
@@ -239,7 +245,7 @@ def run_all_cells(page, attempts: int = 3) -> None:
     """Run All once the kernel is idle, and retry if no cell starts: a Run All sent while the
     session is still connecting walks through the cells without executing any of them."""
     for attempt in range(attempts):
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        page.wait_for_selector(IDLE, timeout=90_000)
         accept_kernel_dialog(page)
         page.click("li.lm-MenuBar-item:has-text('Run')")
         page.click("li.lm-Menu-item:has-text('Run All Cells')")
