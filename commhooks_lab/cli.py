@@ -54,6 +54,9 @@ def comparison_configs(args: argparse.Namespace):
         batch_size=args.batch_size,
         wrapper=args.wrapper,
         api=args.api,
+        link=args.link,
+        timing=args.timing,
+        measure=not args.timing,
     )
     if not args.hooks:
         return [as_config(item, base) for item in DEFAULT_COMPARISON]
@@ -154,6 +157,17 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--steps", type=int, default=20)
     comp.add_argument("--batch-size", type=int, default=32)
     comp.add_argument("--seed", type=int, default=0)
+    comp.add_argument(
+        "--link",
+        default=None,
+        help="every rank behind a network link of its own, e.g. 100mbit, 1gbit, 10mbit (default: this machine's "
+        "loopback); the table then shows each hook's median step time",
+    )
+    comp.add_argument(
+        "--timing",
+        action="store_true",
+        help="time DDP's own overlap: hooks run as registered, without the probe's float64 error measurement",
+    )
     comp.add_argument("--out", default="runs/latest", help="folder for the table, figure and results ('' for none)")
     comp.add_argument("--no-figure", action="store_true")
     comp.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -13,6 +13,7 @@ from .hooks.choice import HookChoice
 from .hooks.powersgd import SHORT_RUN_START
 from .launcher import Cluster
 from .launcher.cluster import serialize_task
+from .launcher.link import as_link, link_notes
 from .launcher.torchrun import launch_from_env, under_torchrun
 from .result import Result, ResultSet, from_ranks
 
@@ -89,6 +90,12 @@ def _run_checked(
             f"this Cluster has {cluster.world_size} ranks but the config asks for "
             f"world_size={config.world_size}; make the Cluster with world_size={config.world_size}"
         )
+    if cluster.link != as_link(config.link):
+        have = "no link" if cluster.link is None else f"link={cluster.link.spec!r}"
+        raise ValueError(
+            f"this Cluster's ranks sit behind {have} but the config asks for link={config.link!r}; make the "
+            f"Cluster with link={config.link!r}, or leave out cluster="
+        )
     values = cluster.run_serialized(task, timeout_s=config.timeout_s, on_event=progress.event)
     return assemble_result(config, choice, values, cluster.start_method)
 
@@ -108,10 +115,10 @@ class _Ranks:
         if not self.fresh:
             from .launcher import session
 
-            return session.get_cluster(config.world_size, config.backend, config.timeout_s)
-        key = (config.world_size, config.backend, config.timeout_s)
+            return session.get_cluster(config.world_size, config.backend, config.timeout_s, link=config.link)
+        key = (config.world_size, config.backend, config.timeout_s, config.link)
         if key not in self._own:
-            cluster = Cluster(config.world_size, backend=config.backend, timeout_s=config.timeout_s)
+            cluster = Cluster(config.world_size, backend=config.backend, timeout_s=config.timeout_s, link=config.link)
             self._own[key] = self.stack.enter_context(cluster)
         return self._own[key]
 
@@ -123,6 +130,7 @@ def assemble_result(config: ExperimentConfig, choice: HookChoice, ranks: list[di
     note = _never_compressed_note(config, choice, result)
     if note:
         result.notes.append(note)
+    result.notes.extend(link_notes(as_link(config.link)))
     return result
 
 

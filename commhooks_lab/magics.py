@@ -1,6 +1,7 @@
 """``%load_ext commhooks_lab``: run notebook cells on the kernel's warm ranks.
 
-- ``%ddp start [-n 2] [--timeout 30]``: start (or join) the session's warm ranks, the ones ``lab.run`` uses;
+- ``%ddp start [-n 2] [--timeout 30] [--link 100mbit]``: start (or join) the session's warm ranks, the ones
+  ``lab.run`` uses (with ``--link``, each behind a link of its own: :mod:`commhooks_lab.launcher.link`);
 - ``%%ddp [--rank 0[,1...]] [--timeout S] [--measure]``: run the cell on every rank (or those), each in a namespace
   of its own that persists between cells, with ``torch``, ``dist`` (initialised), ``ctx``, ``rank`` and
   ``world_size`` set. ``--measure`` (every rank): a hook registered in the cell runs inside the lab's probe, each
@@ -102,12 +103,13 @@ class _DDP:
         self.shell = shell
         self.world_size = 2
         self.timeout_s: float | None = None
+        self.link: str | None = None
 
     def cluster(self):
         from .launcher import session
         from .launcher.options import DEFAULT_TIMEOUT_S
 
-        return session.get_cluster(self.world_size, timeout_s=self.timeout_s or DEFAULT_TIMEOUT_S)
+        return session.get_cluster(self.world_size, timeout_s=self.timeout_s or DEFAULT_TIMEOUT_S, link=self.link)
 
     def line(self, line: str) -> Any:
         words = shlex.split(line)
@@ -116,11 +118,13 @@ class _DDP:
             parser = argparse.ArgumentParser(prog="%ddp start", add_help=False, exit_on_error=False)
             parser.add_argument("-n", type=int, default=2)
             parser.add_argument("--timeout", type=float, default=None)
+            parser.add_argument("--link", default=None, help="each rank behind a link of its own: 100mbit, 1gbit")
             started = parser.parse_args(rest)
-            self.world_size, self.timeout_s = started.n, started.timeout
+            self.world_size, self.timeout_s, self.link = started.n, started.timeout, started.link
             cluster = self.cluster()
             cluster.start()
-            print(f"{cluster.world_size} ranks ready (backend {cluster.backend}); run cells with %%ddp")
+            behind = f", each behind a {cluster.link.spec} link" if cluster.link is not None else ""
+            print(f"{cluster.world_size} ranks ready (backend {cluster.backend}{behind}); run cells with %%ddp")
             return None
         if command == "stop":
             from .launcher import session
@@ -130,8 +134,9 @@ class _DDP:
             return None
         if command == "status":
             from .launcher import session
+            from .launcher.link import as_link
 
-            running = [c for c in session.active() if c.world_size == self.world_size]
+            running = [c for c in session.active() if c.world_size == self.world_size and c.link == as_link(self.link)]
             print(f"{self.world_size} ranks {'running' if running else 'not started'}")
             return None
         if command == "reset":

@@ -25,6 +25,7 @@ SUMMARY_FORMATS = {
     "payload_vs_fp32": "{:.4f}",
     "final_loss": "{:.4f}",
     "accuracy": "{:.3f}",
+    "step_ms": "{:.3g}",
 }
 VERSION = 1
 
@@ -68,6 +69,14 @@ class Result:
         compressed = self.steps[self.steps["compressing"]] if "compressing" in self.steps else self.steps
         return compressed if len(compressed) else self.steps
 
+    def step_ms(self, skip: int = 1) -> dict:
+        """Rank 0's step time in ms over the steps after the first ``skip`` (DDP builds its buckets in the
+        first): median, min and max, and how many steps they come from."""
+        times = 1e3 * self.steps["step_time_s"].iloc[skip:]
+        if not len(times):
+            times = 1e3 * self.steps["step_time_s"]
+        return {"median": times.median(), "min": times.min(), "max": times.max(), "steps": len(times)}
+
     def summary(self) -> dict:
         """One row for comparison tables: error and bytes over the steps where the hook compressed."""
         s, compressed = self.steps, self.compressed_steps()
@@ -82,6 +91,8 @@ class Result:
         row["compressed_steps"] = f"{int(s['compressing'].sum())}/{len(s)}" if counted else "not counted"
         fp32 = compressed["uncompressed_bytes"].sum()
         row["payload_vs_fp32"] = compressed["payload_bytes"].sum() / fp32 if fp32 else math.nan
+        if self.config.get("link") is not None or self.config.get("timing"):
+            row["step_ms"] = self.step_ms()["median"]
         row["final_loss"] = self.final.get("loss", math.nan)
         row["accuracy"] = self.final.get("accuracy", math.nan)
         row["ranks_agree"] = self.ranks_agree

@@ -21,11 +21,16 @@ from .engine.models import TASKS
 from .experiment import run
 from .hooks import registry
 from .launcher import Cluster, session
+from .launcher.link import as_link
 from .live_plots import LiveFigures
 from .result import ResultSet
 from .studies.availability import available_hooks
 
-__all__ = ["HookLab"]
+__all__ = ["HookLab", "LINK_CHOICES"]
+
+#: The dashboard's links: the machine's own loopback, or every rank behind a link of its own.
+LINK_CHOICES = [("none (this machine's loopback)", "none"), ("1 Gbit/s", "1gbit"), ("100 Mbit/s", "100mbit"),
+                ("10 Mbit/s", "10mbit")]  # fmt: skip
 
 
 def _option_widget(name: str, default, style: dict) -> w.Widget:
@@ -71,6 +76,8 @@ class HookLab:
         self.world_size = w.Dropdown(options=[1, 2, 3, 4], value=world_size, description="world_size", style=style)
         self.steps = w.IntSlider(value=steps, min=2, max=200, description="steps", style=style)
         self.model = w.Dropdown(options=list(TASKS), value=model, description="model", style=style)
+        self.link = w.Dropdown(options=LINK_CHOICES, value="none", description="link", style=style)
+        self.link_note = w.HTML("")
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
         self.progress = w.IntProgress(value=0, min=0, max=steps, description="steps done")
         self.status = w.HTML("ready: nothing has run yet")
@@ -90,6 +97,7 @@ class HookLab:
         if not fresh:
             session.warm(world_size)  # the ranks start while you read the controls
         self.hook.observe(self._sync_visibility, names="value")
+        self.link.observe(self._sync_link, names="value")
         self.run_button.on_click(self._on_run)
         self._sync_visibility()
         controls = w.VBox(
@@ -100,6 +108,8 @@ class HookLab:
                 self.world_size,
                 self.steps,
                 self.model,
+                self.link,
+                self.link_note,
                 w.HBox([self.run_button, self.progress]),
                 self.status,
                 self.error,
@@ -151,18 +161,37 @@ class HookLab:
             world_size=self.world_size.value,
             steps=self.steps.value,
             model=self.model.value,
+            link=None if self.link.value == "none" else self.link.value,
             live=True,  # each step's row comes back as it is measured: the curves grow while the ranks train
         )
 
+    def _sync_link(self, *_) -> None:
+        """Say what the chosen link does to a run's time, or why this machine cannot build one."""
+        if self.link.value == "none":
+            self.link_note.value = ""
+            return
+        from .launcher.private_network import why_unavailable
+
+        why = why_unavailable()
+        self.link_note.value = (
+            f"<span style='color:#b00020'>no link here: {html.escape(why)}</span>"
+            if why
+            else "<i>each rank behind a link of its own; the runs table shows each run's median step time</i>"
+        )
+
     # -- running ---------------------------------------------------------------------------------
-    def _cluster_for(self, world_size: int) -> Cluster:
-        if self.cluster is not None and self.cluster.world_size != world_size:
+    def _cluster_for(self, world_size: int, link: str | None) -> Cluster:
+        wanted = as_link(link)
+        if self.cluster is not None and (self.cluster.world_size, self.cluster.link) != (world_size, wanted):
             if self.fresh:
                 self.cluster.close()
             self.cluster = None
         if self.cluster is None:
-            self.status.value = f"starting {world_size} ranks (once)..."
-            self.cluster = Cluster(world_size) if self.fresh else session.get_cluster(world_size)
+            behind = f" behind {wanted.spec} links" if wanted is not None else ""
+            self.status.value = f"starting {world_size} ranks{behind} (once)..."
+            self.cluster = (
+                Cluster(world_size, link=wanted) if self.fresh else session.get_cluster(world_size, link=link)
+            )
         return self.cluster
 
     def _on_step(self, rank: int, event: dict) -> None:
@@ -178,7 +207,7 @@ class HookLab:
             config = self.config()
             config.check()
             self.progress.max, self.progress.value = config.steps, 0
-            cluster = self._cluster_for(config.world_size)
+            cluster = self._cluster_for(config.world_size, config.link)
             self.status.value = f"running {html.escape(config.name)} on {config.world_size} ranks..."
             self.figures.start_run(config.name, list(self.results))
             result = run(config, cluster=cluster, on_step=self._on_step)

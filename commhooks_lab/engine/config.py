@@ -17,7 +17,8 @@ from typing import Any
 
 from ..hooks import registry
 from ..hooks.choice import HookChoice, check_hook_choice, split_spec
-from ..launcher.options import DEFAULT_TIMEOUT_S, check_common_options, check_launch_options
+from ..launcher.options import DEFAULT_TIMEOUT_S, check_common_options, check_launch_options, check_link
+from ..launcher.rank_server import DEFAULT_START_METHOD
 from .models import resolve_task_factory
 
 __all__ = ["COMPILE_BACKEND", "COMPILE_MODES", "ExperimentConfig", "fsdp2_hooks"]
@@ -89,6 +90,8 @@ class ExperimentConfig:
     resume_from: str | None = None  # a checkpoint_dir: start new ranks at its step
     resume_hook_state: bool = True  # False: restore everything but the hook's memory (what a plain resume does)
     live: bool = False  # measure each step as it ends and send its row to the notebook (the dashboard's curves)
+    link: str | None = None  # every rank behind a link of its own: "100mbit", "1gbit", "unlimited"; None: loopback
+    timing: bool = False  # time DDP's own overlap: the hook runs as registered, unprobed (needs measure=False)
 
     def __post_init__(self) -> None:
         self.hook, self.state_options = split_spec(self.hook, self.state_options)  # "topk[ratio=0.05]"
@@ -110,9 +113,16 @@ class ExperimentConfig:
         choice = check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory, self.api)
         resolve_task_factory(self.model)
         if local:
-            check_launch_options(self.world_size, self.backend, self.timeout_s, "spawn")
+            backend = check_launch_options(self.world_size, self.backend, self.timeout_s, "spawn")
+            check_link(self.link, DEFAULT_START_METHOD, backend)
         else:
             check_common_options(self.world_size, self.backend, self.timeout_s)
+            if self.link is not None:
+                raise ValueError(
+                    f"link={self.link!r} shapes the links of ranks the lab starts; under torchrun or accelerate "
+                    "launch the ranks' network is the real one: drop link="
+                )
+        _check_timing(self)
         _positive("steps", self.steps, numbers.Integral, most=MAX_STEPS)
         _positive("batch_size", self.batch_size, numbers.Integral, most=MAX_STEPS)
         _positive("lr", self.lr)
@@ -193,6 +203,19 @@ class ExperimentConfig:
 def fsdp2_hooks() -> list[str]:
     """The hook names api='fsdp2' maps to a reduce_dtype (``HookEntry.fsdp2_reduce_dtype``)."""
     return [e.name for e in registry.entries(registry.HOOK) if e.fsdp2_reduce_dtype is not None]
+
+
+def _check_timing(config: ExperimentConfig) -> None:
+    if not isinstance(config.timing, bool):
+        raise TypeError(f"timing must be True or False, got {config.timing!r}")
+    if config.timing and config.measure:
+        raise ValueError(
+            "timing=True times the step as DDP runs it, with each bucket's communication overlapping backward; "
+            "the probe's float64 measurement copies every gradient inside the hook and waits for each bucket, "
+            "which changes that time: pass measure=False with timing=True (bytes and loss still come back)"
+        )
+    if config.timing and config.api != "torch":
+        raise ValueError(f"timing=True runs with api='torch' (register_comm_hook), not api={config.api!r}")
 
 
 def _check_compile(config: ExperimentConfig, choice: HookChoice) -> None:

@@ -19,7 +19,16 @@ from ..measure.probe import Probe
 from .config import ExperimentConfig
 from .data import rank_batches
 
-__all__ = ["compiled", "hook_notes", "make_optimizer", "register_probed", "Setup", "setup_torch_ddp"]
+__all__ = [
+    "compiled",
+    "hook_notes",
+    "make_optimizer",
+    "register_probed",
+    "Setup",
+    "setup_torch_ddp",
+    "timing_note",
+    "waits_per_bucket",
+]
 
 
 def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
@@ -66,14 +75,46 @@ class Setup:
     syncer: Any = None  # a family that synchronises after the optimizer step (HookEntry.after_step)
 
 
-def register_probed(ddp, probe: Probe, hook, state, ctx, config: ExperimentConfig, register=None) -> None:
+def waits_per_bucket(ctx, config: ExperimentConfig, choice: HookChoice) -> bool:
+    """Whether the probe finishes each bucket's communication before DDP goes on (see :meth:`Probe.wrap`).
+
+    Always on gloo, except in a timing run of a hook that starts one collective and returns
+    (``HookEntry.overlaps_backward``): no collective of it starts in a ``.then()`` callback, so buckets
+    cannot interleave, and DDP overlaps it with backward as it would without the lab.
+    """
+    if ctx.backend != "gloo":
+        return False
+    return not (config.timing and choice.entry is not None and choice.entry.overlaps_backward)
+
+
+def timing_note(config: ExperimentConfig, choice: HookChoice, waits: bool) -> str:
+    """Which mode a step time comes from: it says whether the communication could overlap backward."""
+    if config.timing and not waits:
+        return (
+            f"timing: step_time_s is DDP's own, {choice.name} registered as written and each bucket's "
+            "communication overlapping backward (no float64 measurement in the step)"
+        )
+    why = (
+        "gloo cannot run the collectives a hook starts in .then() callbacks for two buckets at once, so "
+        f"{choice.name} waits for each bucket"
+        if config.timing
+        else "measuring, the probe waits for each bucket's communication before backward goes on, and copies "
+        "every gradient"
+    )
+    return f"timing: step_time_s includes serialized communication ({why}); DDP could not overlap it with backward"
+
+
+def register_probed(
+    ddp, probe: Probe, hook, state, ctx, config: ExperimentConfig, register=None, wait: bool | None = None
+) -> None:
     """Register ``hook`` inside the probe; with no hook, measure DDP's allreduce through allreduce_hook."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     if hook is None and config.measure:
         hook, state = default_hooks.allreduce_hook, None
     if hook is not None:
-        (register or ddp.register_comm_hook)(state, probe.wrap(hook, wait=ctx.backend == "gloo"))
+        wait = ctx.backend == "gloo" if wait is None else wait
+        (register or ddp.register_comm_hook)(state, probe.wrap(hook, wait=wait))
 
 
 def setup_torch_ddp(ctx, config: ExperimentConfig, task, probe: Probe, choice: HookChoice) -> Setup:
@@ -83,7 +124,10 @@ def setup_torch_ddp(ctx, config: ExperimentConfig, task, probe: Probe, choice: H
     hook, state = build_hook(choice)
     refusal = _compat.registration_refusal(ddp, hook) if hook is not None else None
     probe.notes.extend(hook_notes(config, choice, hook, refusal))  # the probe adds its own as it measures
-    register_probed(ddp, probe, hook, state, ctx, config)
+    waits = waits_per_bucket(ctx, config, choice)
+    if config.link is not None or config.timing:
+        probe.notes.append(timing_note(config, choice, waits and (hook is not None or config.measure)))
+    register_probed(ddp, probe, hook, state, ctx, config, wait=waits)
     optimizer = make_optimizer(config.optimizer, ddp.parameters(), config.lr)
     data = rank_batches(task.train, ctx.rank, ctx.world_size, config.batch_size, config.seed)
     entry = choice.entry

@@ -26,8 +26,9 @@ from . import rank_process, rank_server
 from .collective_log import left_out
 from .environment import child_environment, patched_environ
 from .errors import RankFailure, WorkerError, WorkerTimeoutError, explain_death
+from .link import Link
 from .oom import killed_for_memory, oom_kills
-from .options import DEFAULT_TIMEOUT_S, check_common_options, check_environment, check_launch_options
+from .options import DEFAULT_TIMEOUT_S, check_common_options, check_environment, check_launch_options, check_link
 from .rank_logs import RankLog, stderr_into
 from .step_watch import StepWatch
 from .store import PrivateRendezvous
@@ -238,8 +239,10 @@ class Cluster:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         start_method: str = rank_server.DEFAULT_START_METHOD,
         env: dict[str, str] | None = None,
+        link: str | Link | None = None,
     ):
         self.backend = check_launch_options(world_size, backend, timeout_s, start_method)
+        self.link = check_link(link, start_method, self.backend)
         self.world_size = int(world_size)
         self.timeout_s = float(timeout_s)
         self.start_method = start_method
@@ -296,7 +299,17 @@ class Cluster:
         self._logs.append(rank_log)
         proc = process_class(
             target=rank_process.worker_main,
-            args=(rank, self.world_size, self.backend, store, self.timeout_s, child_end, rank_log.path, environ),
+            args=(
+                rank,
+                self.world_size,
+                self.backend,
+                store,
+                self.timeout_s,
+                child_end,
+                rank_log.path,
+                environ,
+                self.link,
+            ),
             name=f"commhooks-rank{rank}",
             daemon=True,
         )
@@ -315,7 +328,7 @@ class Cluster:
         import multiprocessing
 
         environ = {**os.environ, **self.env}
-        self._server = rank_server.server_for(environ)
+        self._server = rank_server.server_for(environ, hosts_network=self.link is not None)
         timeout_s = max(self.timeout_s, START_TIMEOUT_S)
         for rank in range(self.world_size):
             self._add_rank(
@@ -360,7 +373,8 @@ class Cluster:
 
     def __repr__(self) -> str:
         state = "alive" if self.alive else "stopped"
-        return f"Cluster(world_size={self.world_size}, backend={self.backend!r}, {state}, pids={self.pids})"
+        link = f", link={self.link.spec!r}" if self.link is not None else ""
+        return f"Cluster(world_size={self.world_size}, backend={self.backend!r}{link}, {state}, pids={self.pids})"
 
     # -- work --------------------------------------------------------------------------
     def run(

@@ -16,6 +16,7 @@ __all__ = [
     "check_common_options",
     "check_environment",
     "check_launch_options",
+    "check_link",
     "DEFAULT_TIMEOUT_S",
     "max_local_world_size",
 ]
@@ -100,3 +101,25 @@ def check_launch_options(world_size, backend, timeout_s, start_method) -> str:
             f"CUDA devices here: {_cuda_device_count()}. Use backend='gloo' to run on CPU."
         )
     return backend
+
+
+def check_link(link, start_method: str, backend: str):
+    """The :class:`~.link.Link` the ranks sit behind (None: the machine's loopback), refused here, before any
+    process starts, if the spec is wrong or this machine cannot give ranks a private network."""
+    from .link import as_link
+    from .private_network import NetworkUnavailableError, why_unavailable
+
+    parsed = as_link(link)
+    if parsed is None:
+        return None
+    if start_method != "forkserver":
+        raise ValueError(
+            f"link={parsed.spec!r} needs start_method='forkserver': the ranks are forked inside the lab's private "
+            f"network by its rank server, and start_method={start_method!r} starts them outside it"
+        )
+    if backend != "gloo":
+        raise ValueError(f"link={parsed.spec!r} shapes gloo's sockets; backend={backend!r} talks over other paths")
+    why = why_unavailable()
+    if why is not None:
+        raise NetworkUnavailableError(f"link={parsed.spec!r} cannot be built on this machine: {why}")
+    return parsed

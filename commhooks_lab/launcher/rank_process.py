@@ -158,12 +158,14 @@ def worker_main(
     conn,
     stderr_path: str | None = None,
     environ: dict[str, str] | None = None,
+    link: Any = None,
 ) -> None:
     """Entry point of one rank started by :class:`commhooks_lab.Cluster`.
 
     ``store_path``: the FileStore the ranks meet in (:class:`~.store.PrivateRendezvous`). ``environ``: the
     whole environment this rank must see (a rank forked by the rank server inherited the server's; spawned
-    ranks copied the notebook's already).
+    ranks copied the notebook's already). ``link``: a :class:`~.link.Link` to sit behind; the rank was
+    forked inside the private network, and makes its own namespace and link first of all.
     """
     import signal
 
@@ -179,6 +181,10 @@ def worker_main(
     _exit_when_orphaned()
     channel = Channel(conn, rank)
     try:
+        if link is not None:
+            from .private_network import join
+
+            os.environ["GLOO_SOCKET_IFNAME"] = join(link)  # gloo's only way out of this rank's namespace
         import cloudpickle
         import torch
         import torch.distributed as dist

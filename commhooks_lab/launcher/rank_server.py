@@ -30,6 +30,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from .environment import PREWARM_VARIABLE, child_environment, import_time_part, patched_environ
+from .private_network import HOST_VARIABLE
 from .rank_logs import RankLog, stderr_into
 
 __all__ = [
@@ -67,6 +68,8 @@ FORK_TIMEOUT_S = 120.0
 _lock = threading.Lock()
 _preload: list[str] = list(PRELOAD)
 _servers: dict[tuple, RankServer] = {}
+#: The module a server that hosts the private network imports first (it enters the namespaces).
+NETWORK_HOST = "commhooks_lab.launcher.network_host"
 _owner = os.getpid()
 _launching = threading.local()
 _util: Any = multiprocessing.util  # private helpers typeshed does not list
@@ -78,12 +81,17 @@ class RankServerError(RuntimeError):
 
 
 class RankServer(forkserver.ForkServer):
-    """One forkserver with a fixed environment, its stderr in a file the Cluster forwards after each run."""
+    """One forkserver with a fixed environment, its stderr in a file the Cluster forwards after each run.
 
-    def __init__(self, env: dict[str, str]):
+    ``hosts_network``: the server enters the ranks' private network before it imports anything else
+    (:mod:`.network_host`), so the ranks it forks can each get a link of their own (:mod:`.private_network`).
+    """
+
+    def __init__(self, env: dict[str, str], hosts_network: bool = False):
         super().__init__()
-        self.env = dict(env)
-        self.set_forkserver_preload(list(_preload))
+        self.hosts_network = hosts_network
+        self.env = {**env, HOST_VARIABLE: "1"} if hosts_network else dict(env)
+        self.set_forkserver_preload([NETWORK_HOST] * hosts_network + list(_preload))
         self.log = RankLog("server")
         self._start_lock = threading.Lock()
 
@@ -135,17 +143,18 @@ def preload(*modules: str) -> None:
             _preload.append(name)
 
 
-def server_for(environ: dict[str, str]) -> RankServer:
-    """The running server whose import-time variables are ``environ``'s, started if there is none."""
+def server_for(environ: dict[str, str], hosts_network: bool = False) -> RankServer:
+    """The running server whose import-time variables are ``environ``'s (and that hosts the private network,
+    if asked), started if there is none."""
     global _owner
-    key = import_time_part(environ)
+    key = (import_time_part(environ), hosts_network)
     with _lock:
         if os.getpid() != _owner:  # a forked copy of this process: those servers are not our children
             _servers.clear()
             _owner = os.getpid()
         server = _servers.get(key)
         if server is None:
-            server = _servers[key] = RankServer(environ)
+            server = _servers[key] = RankServer(environ, hosts_network)
     server.ensure_running()
     return server
 

@@ -15,24 +15,28 @@ import contextlib
 import threading
 
 from . import Cluster
-from .options import DEFAULT_TIMEOUT_S, check_launch_options
+from .options import DEFAULT_TIMEOUT_S, check_launch_options, check_link
 from .rank_server import DEFAULT_START_METHOD
 
 __all__ = ["active", "close", "get_cluster", "warm"]
 
 _lock = threading.Lock()
-_clusters: dict[tuple[int, str], Cluster] = {}
+_clusters: dict[tuple[int, str, str | None], Cluster] = {}
 _warming: list[threading.Thread] = []
 
 
-def get_cluster(world_size: int = 2, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> Cluster:
-    """The session's Cluster for ``world_size`` ranks on ``backend`` (None: nccl with a GPU per rank, else gloo).
+def get_cluster(
+    world_size: int = 2, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, link: str | None = None
+) -> Cluster:
+    """The session's Cluster for ``world_size`` ranks on ``backend`` (None: nccl with a GPU per rank, else gloo),
+    behind ``link`` (None: the machine's loopback), one per link.
 
     Started on first use. ``timeout_s`` is fixed in the ranks' process group when they join it,
     so asking with another value replaces the Cluster (a new start).
     """
     resolved = check_launch_options(world_size, backend, timeout_s, DEFAULT_START_METHOD)
-    key = (int(world_size), resolved)
+    parsed = check_link(link, DEFAULT_START_METHOD, resolved)
+    key = (int(world_size), resolved, parsed.spec if parsed is not None else None)
     with _lock:
         cluster = _clusters.get(key)
         if cluster is not None and cluster.timeout_s != float(timeout_s):
@@ -40,18 +44,20 @@ def get_cluster(world_size: int = 2, backend: str | None = None, timeout_s: floa
             cluster.close()
             cluster = None
         if cluster is None:
-            cluster = Cluster(world_size, backend=resolved, timeout_s=timeout_s)
+            cluster = Cluster(world_size, backend=resolved, timeout_s=timeout_s, link=parsed)
             _clusters[key] = cluster
         return cluster
 
 
-def warm(world_size: int = 2, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+def warm(
+    world_size: int = 2, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, link: str | None = None
+) -> None:
     """Start the session's ranks in the background, so the next run finds them ready (HookLab does,
     while you read its controls). A failure here is left for that run to report."""
 
     def start() -> None:
         with contextlib.suppress(Exception):
-            get_cluster(world_size, backend, timeout_s)
+            get_cluster(world_size, backend, timeout_s, link)
 
     thread = threading.Thread(target=start, name="commhooks-session-warm", daemon=True)
     with _lock:

@@ -1,0 +1,261 @@
+"""The ranks' private network: a switch in a user and network namespace, one rate-limited link per rank.
+
+No root is needed. A rank server that hosts the network enters a new user namespace (its one user, this
+account, is root there) and a new network namespace, and makes a bridge, the switch. Every rank it forks
+then unshares a network namespace of its own, makes a veth pair whose far end goes into the switch, and,
+for a limited link, puts tc's ``htb`` on both ends (what it sends, what it receives). gloo then talks over
+``eth0``, the rank's only way out: no other account can enter these namespaces, so nothing of them is
+reachable from outside, and everything goes when its processes do (the kernel removes a namespace, and the
+veths in it, when its last process exits).
+
+``ip`` and ``tc`` (iproute2) do the work: they are what a learner would type, and what the notes quote.
+pyroute2 (netlink from Python) could replace them; it is not needed where iproute2 is installed, as on
+every Debian and Ubuntu. Added latency needs ``netem``, which some kernels lack (this kind of machine's
+does): :func:`facts` says which, and a run's notes say when a delay asked for was not added.
+
+Stdlib only, no relative imports at module level: ``python private_network.py`` is the availability
+probe (run in a child, because entering a user namespace needs a process with one thread).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+__all__ = [
+    "BRIDGE",
+    "facts",
+    "HOST_VARIABLE",
+    "IFACE",
+    "join",
+    "NetworkError",
+    "NetworkUnavailableError",
+    "qdisc_bytes",
+    "why_unavailable",
+]
+
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+#: The switch, in the host's namespace; each rank's end of it is ``lab<pid>``.
+BRIDGE = "labswitch"
+#: The rank's one network card, in its own namespace.
+IFACE = "eth0"
+#: Set in the environment of a rank server that hosts the network (read by :mod:`.network_host`).
+HOST_VARIABLE = "COMMHOOKS_LAB_NETWORK_HOST"
+WAY_OUT = "or run without link= (the ranks then share this machine's loopback; lab.network's model stands in)"
+
+
+class NetworkUnavailableError(RuntimeError):
+    """This machine cannot give the ranks a private network (the message names the cause and the way out)."""
+
+
+class NetworkError(RuntimeError):
+    """An ``ip`` or ``tc`` command of the private network failed."""
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _call(name: str, *args: int) -> None:
+    if getattr(_libc(), name)(*args) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{name}: {os.strerror(code)}")
+
+
+def _run(tool: str, commands: list[str]) -> None:
+    """Run ``ip -batch -`` or ``tc -batch -`` on ``commands``; one error names the command that failed."""
+    try:
+        done = subprocess.run([tool, "-batch", "-"], input="\n".join(commands) + "\n", capture_output=True, text=True)
+    except FileNotFoundError as exc:
+        raise NetworkError(f"{tool} is not installed: install iproute2 (apt-get install iproute2)") from exc
+    if done.returncode:
+        raise NetworkError(f"{tool} failed on {commands}: {done.stderr.strip() or done.stdout.strip()}")
+
+
+def enter_user_and_network_namespace() -> None:
+    """Become root of a new user namespace (this account mapped to root) with a network namespace of its own.
+
+    Must be called while the process has one thread. Files it makes still belong to this account outside.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    _call("unshare", CLONE_NEWUSER | CLONE_NEWNET)
+    for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def host() -> None:
+    """The rank server's part: the namespaces, the loopback and the switch."""
+    enter_user_and_network_namespace()
+    _run("ip", ["link set lo up", f"link add {BRIDGE} type bridge", f"link set {BRIDGE} up"])
+
+
+def address(pid: int) -> str:
+    """A rank's address on the switch, from its PID (unique on the machine, below 2**22): 10.x.y.z/8."""
+    return f"10.{(pid >> 16) & 255}.{(pid >> 8) & 255}.{pid & 255}/8"
+
+
+#: IP packets shorter than this (TCP's pure ACKs) go first: ``u32`` matches IP total lengths below 128.
+SMALL_PACKETS = "match ip protocol 6 0xff match u16 0x0000 0xff80 at 2"
+
+
+def _shaping(dev: str, link: Any, delay: bool) -> list[str]:
+    """tc commands for one end: htb at the link's rate, small packets first, and netem's delay where asked.
+
+    Two htb classes share the rate: TCP's pure ACKs (1:10, served first) and everything else (1:20). With one
+    FIFO, the ACKs for what a rank receives wait behind up to a second of what it sends (veth's 1000-packet
+    queue at 10 Mbit/s), and TCP then moved 74-93 % of the rate, changing from run to run; with them first,
+    100 % (measured: a 4 MB all-reduce of 2 ranks at 10 Mbit/s). A Linux host's own default queue
+    (fq_codel) keeps ACKs from waiting in the same way; this kernel of the lab's machine has no fq_codel.
+    """
+    commands = []
+    leaves = ["root"]
+    if link.rate_bits is not None:
+        rate, bits = link.tc_rate(), link.rate_bits
+        commands += [
+            f"qdisc add dev {dev} root handle 1: htb default 20",
+            f"class add dev {dev} parent 1: classid 1:1 htb rate {rate} ceil {rate}",
+            f"class add dev {dev} parent 1:1 classid 1:10 htb rate {bits / 20e3:.0f}kbit ceil {rate} prio 0",
+            f"class add dev {dev} parent 1:1 classid 1:20 htb rate {bits * 19 / 20e3:.0f}kbit ceil {rate} prio 1",
+            f"filter add dev {dev} parent 1: protocol ip prio 1 u32 {SMALL_PACKETS} flowid 1:10",
+        ]
+        leaves = ["parent 1:10 handle 10:", "parent 1:20 handle 20:"]
+    if delay and link.delay_ms:
+        commands += [
+            f"qdisc add dev {dev} {leaf} netem delay {link.delay_ms * 1000:.0f}us limit 100000" for leaf in leaves
+        ]
+    return commands
+
+
+def join(link: Any) -> str:
+    """A rank's part, called first thing in a rank forked by the host: its own namespace and its link.
+
+    Returns the interface gloo must use. The far end of the veth goes into the host's namespace, onto the
+    switch, and gets the same rate, so the limit holds for what the rank receives too. A delay goes on
+    the rank's own end only: one way between two ranks is then the delay asked for.
+    """
+    pid = os.getpid()
+    host_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
+    own_ns = -1
+    try:
+        _call("unshare", CLONE_NEWNET)
+        own_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
+        far = f"lab{pid}"
+        _run(
+            "ip",
+            [
+                f"link add {IFACE} type veth peer name {far} netns /proc/{pid}/fd/{host_ns}",
+                f"addr add {address(pid)} dev {IFACE}",
+                "link set lo up",
+                f"link set {IFACE} up",
+            ],
+        )
+        delay = bool(link.delay_ms) and facts()["netem"]
+        own = _shaping(IFACE, link, delay)
+        if own:
+            _run("tc", own)
+        _call("setns", host_ns, CLONE_NEWNET)
+        try:
+            _run("ip", [f"link set {far} master {BRIDGE}", f"link set {far} up"])
+            far_shaping = _shaping(far, link, delay=False)
+            if far_shaping:
+                _run("tc", far_shaping)
+        finally:
+            _call("setns", own_ns, CLONE_NEWNET)
+    finally:
+        os.close(host_ns)
+        if own_ns >= 0:
+            os.close(own_ns)
+    return IFACE
+
+
+def qdisc_bytes(dev: str = IFACE) -> int:
+    """Bytes the root qdisc of ``dev`` has sent (Ethernet frames with their headers: what htb counts)."""
+    done = subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", dev], capture_output=True, text=True, check=True)
+    return int(next(q for q in json.loads(done.stdout) if q.get("root"))["bytes"])
+
+
+# -- is it possible here? ------------------------------------------------------------------------------------
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _refusal(exc: OSError) -> str:
+    """Why this machine refuses a user namespace, and the way out."""
+    if _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
+        return (
+            "AppArmor forbids unprivileged user namespaces here (kernel.apparmor_restrict_unprivileged_userns=1, "
+            "Ubuntu's default since 24.04): `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` allows "
+            f"them until the next boot, {WAY_OUT}"
+        )
+    if _read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
+        return f"unprivileged user namespaces are off (kernel.unprivileged_userns_clone=0): enable them, {WAY_OUT}"
+    if _read("/proc/sys/user/max_user_namespaces") == "0" or exc.errno == errno.ENOSPC:
+        return f"user namespaces are disabled or used up (user.max_user_namespaces): raise it, {WAY_OUT}"
+    return (
+        f"this process may not create a user namespace ({exc}); in a container, its seccomp profile or missing "
+        f"capabilities forbid it (Docker: --security-opt seccomp=unconfined), {WAY_OUT}"
+    )
+
+
+class _ProbeLink:
+    rate_bits, delay_ms = 100e6, 0.0
+
+    def tc_rate(self) -> str:
+        return "100mbit"
+
+
+def _probe() -> dict:
+    """In a fresh child: enter the namespaces, make a switch, a veth and an htb class, try netem."""
+    try:
+        enter_user_and_network_namespace()
+    except OSError as exc:
+        return {"refused": _refusal(exc)}
+    try:
+        _run("ip", ["link set lo up", "link add probe0 type veth peer name probe1", f"link add {BRIDGE} type bridge"])
+        _run("tc", _shaping("probe0", _ProbeLink(), delay=False))
+    except NetworkError as exc:
+        return {"refused": f"{exc}; {WAY_OUT}"}
+    try:
+        _run("tc", ["qdisc add dev probe1 root netem delay 1ms"])
+        netem = True
+    except NetworkError:
+        netem = False
+    return {"refused": None, "netem": netem}
+
+
+@functools.lru_cache(maxsize=1)
+def facts() -> dict:
+    """What this machine allows, found once per process by a child that tries it: ``refused`` (why not, or
+    None) and ``netem`` (whether a delay can be added)."""
+    if not sys.platform.startswith("linux"):
+        return {"refused": f"{sys.platform} has no Linux network namespaces, {WAY_OUT}", "netem": False}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", os.path.abspath(__file__)], capture_output=True, text=True, timeout=30
+        )
+        found = json.loads(done.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        return {"refused": f"the private network's probe failed ({exc}), {WAY_OUT}", "netem": False}
+    return {"netem": False, **found}
+
+
+def why_unavailable() -> str | None:
+    """Why ranks cannot sit behind a link on this machine (the cause and the way out), or None."""
+    return facts()["refused"]
+
+
+if __name__ == "__main__":
+    print(json.dumps(_probe()))
