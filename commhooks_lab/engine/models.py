@@ -30,14 +30,18 @@ __all__ = [
     "resolve_task_factory",
     "Task",
     "TASKS",
+    "wide_task",
 ]
 
-TASKS = ("mlp", "cnn", "lowrank")
+TASKS = ("mlp", "cnn", "lowrank", "wide")
 TASK_SUMMARIES = {
     "mlp": "digits 8x8 -> MLP 64-128-10 (scikit-learn load_digits, 1797 real handwritten digits)",
     "cnn": "digits 8x8 -> CNN conv16-conv32-pool-linear (same data)",
     "lowrank": "synthetic regression whose weight gradients have rank <= 4 (inputs in a 4-dim subspace)",
+    "wide": "digits 8x8 -> MLP 64-1024-1024-10 (1.1M parameters, 4.4 MB of float32 gradients: a slow link matters)",
 }
+#: The wide MLP's hidden width: 1024 x 1024 is the one large matrix, PowerSGD's best case for a matrix of its size.
+WIDE_HIDDEN = 1024
 LOWRANK_TRUE_RANK = 4
 #: ``COMMHOOKS_LAB_SEED_SET=k`` shifts every task seed by ``1000 * k`` (weights, data split, data order): re-run
 #: a notebook under another seed set to see which of its conclusions outlive the seeds it was written with.
@@ -111,6 +115,15 @@ def mlp_task(seed: int = 0) -> Task:
     return Task(model, train, test, "cross_entropy", TASK_SUMMARIES["mlp"])
 
 
+def wide_task(seed: int = 0) -> Task:
+    """The digits MLP made wide enough that its gradients take a slow link seconds (notebook 8's timing task)."""
+    torch.manual_seed(seed)
+    h = WIDE_HIDDEN
+    model = nn.Sequential(nn.Linear(64, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, 10))
+    train, test = digits(seed)
+    return Task(model, train, test, "cross_entropy", TASK_SUMMARIES["wide"])
+
+
 def cnn_task(seed: int = 0) -> Task:
     torch.manual_seed(seed)
     model = nn.Sequential(
@@ -142,7 +155,7 @@ def _lowrank_task(
     return Task(model, ds(x, y), None, "mse", TASK_SUMMARIES["lowrank"])
 
 
-BUILDERS = {"mlp": mlp_task, "cnn": cnn_task, "lowrank": _lowrank_task}
+BUILDERS = {"mlp": mlp_task, "cnn": cnn_task, "lowrank": _lowrank_task, "wide": wide_task}
 
 
 def resolve_task_factory(model: Any) -> Callable[[int], Task]:

@@ -1,7 +1,7 @@
 """Studies that answer one question each, built on the notebook API: convergence over seeds and the headroom
 test (``convergence``), bytes and time by rule (``network``), precision at scale (``precision``), the
 ``torch.compile`` matrix (``compile_matrix``), what runs here (``availability``), overlap with backward
-(``overlap``), gradient accumulation (``accumulation``) and syncing every H steps (``low_communication``).
+(``overlap``), gradient accumulation (``accumulation``), syncing every H steps (``low_communication``) and time behind real slow links (``links``).
 May import everything below the plots and widgets; nothing below imports it.
 """
 
@@ -16,6 +16,7 @@ _MODULES = (
     "availability",
     "compile_matrix",
     "convergence",
+    "links",
     "low_communication",
     "network",
     "overlap",
