@@ -24,6 +24,7 @@ __all__ = [
     "error_per_step",
     "gradient_agreement",
     "layer_heatmap",
+    "link_times",
     "loss_curves",
     "network_time",
     "overview",
@@ -399,6 +400,28 @@ def network_time(
     )
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, alpha=0.3)
+    return fig
+
+
+def link_times(table: pd.DataFrame, title: str | None = None) -> Figure:
+    """Measured step time behind each link (median, with the min-max of every step as a bar) beside the model's
+    (hollow), one colour per hook; ``table`` is :func:`commhooks_lab.studies.links.predict`'s."""
+    links = list(dict.fromkeys(table["link"]))
+    hooks = list(dict.fromkeys(table["hook"]))
+    fig, ax = plt.subplots(figsize=(9, 5), constrained_layout=True)
+    width = 0.8 / len(hooks)
+    for i, hook in enumerate(hooks):
+        rows = table[table["hook"] == hook].set_index("link")
+        x = np.array([links.index(link) for link in rows.index]) + (i - (len(hooks) - 1) / 2) * width
+        spread = [rows["measured_ms"] - rows["min_ms"], rows["max_ms"] - rows["measured_ms"]]
+        bars = ax.errorbar(x, rows["measured_ms"], yerr=spread, fmt="o", capsize=3, label=f"{hook}, measured")
+        ax.plot(x, rows["model_ms"], linestyle="none", marker="D", markerfacecolor="none",
+                color=bars.lines[0].get_color(), label=f"{hook}, model")  # fmt: skip
+    ax.set_xticks(range(len(links)), links)
+    ax.set(yscale="log", xlabel="each rank's link", ylabel="step time (ms, log)",
+           title=title or "Step time behind real links: measured (median, min-max) and modelled")  # fmt: skip
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(True, axis="y", alpha=0.3)
     return fig
 
 

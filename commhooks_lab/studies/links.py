@@ -56,6 +56,8 @@ HOOKS = {
 }
 #: The step with no communication at all: forward, backward, optimizer and the engine's own work per step.
 BASE = "noop"
+#: The largest transfer :func:`measure_link` makes (64 MB): a fast link's rate needs no more, and memory is shared.
+MAX_FLOATS = 1 << 24
 #: Steps left out of every timing: DDP rebuilds its buckets after the first, PowerSGD compresses from the third.
 WARMUP_STEPS = 2
 
@@ -97,15 +99,15 @@ def measure_link(
 
     ``wire_gbps``: bytes htb let through per second (Ethernet frames: what its rate counts) on rank 0's link;
     ``payload_gbps``: the all-reduce's bytes over each link per second, ``2(W-1)/W x bytes / time``; both the
-    median of ``transfers`` all-reduces, each sized to take about ``seconds`` at the set rate (on a shared
-    machine one transfer can come out a third slow);
+    median of ``transfers`` all-reduces, each sized to take about ``seconds`` at the set rate (at most
+    ``MAX_FLOATS``; on a shared machine one transfer can come out a third slow);
     ``alpha_us``: a 4-byte all-reduce's time over its ``2(W-1)`` ring steps, the model's latency.
     """
     parsed = as_link(link)
     assert parsed is not None
     rate = parsed.rate_bits if parsed.rate_bits is not None else 4e9
     ring = 2 * (world_size - 1) / world_size
-    floats = max(1 << 16, int(rate * payload_share() * seconds / 8 / 4 / ring))
+    floats = min(MAX_FLOATS, max(1 << 16, int(rate * payload_share() * seconds / 8 / 4 / ring)))
     own = cluster is None
     ranks = Cluster(world_size, link=parsed) if cluster is None else cluster
     try:
@@ -230,10 +232,12 @@ def time_hooks(
     repeats: int = 1,
     steps_for: Mapping[str, int] | None = None,
     transfers: int = 5,
+    seconds: float = 0.4,
 ) -> LinkTimes:
     """Every hook behind every link, ``repeats`` times each (seed r for repeat r), and each link measured.
 
-    One set of ranks per link and repeat; the first measures its link (``transfers`` large all-reduces).
+    One set of ranks per link and repeat; the first measures its link (``transfers`` all-reduces of about
+    ``seconds`` each, :func:`measure_link`).
     ``noop`` runs first behind every link: the step of the same engine with no communication, the model's base.
     ``steps_for``: fewer steps behind slow links, e.g. ``{"10mbit": 4}``; every run keeps ``WARMUP_STEPS``
     out of its statistics.
@@ -250,7 +254,7 @@ def time_hooks(
             )
             with Cluster(world_size, link=link) as cluster:
                 if link not in facts:
-                    facts[link] = measure_link(link, world_size, transfers=transfers, cluster=cluster)
+                    facts[link] = measure_link(link, world_size, seconds, transfers, cluster)
                 configs = [base.replace(hook=spec, label=label) for label, spec in hooks.items()]
                 results = compare(configs, cluster=cluster)
             for result in results:
