@@ -15,6 +15,7 @@ from matplotlib.ticker import MaxNLocator, NullLocator
 from .result import Result
 
 __all__ = [
+    "accuracy_over_time",
     "bytes_by_model",
     "bytes_by_world_size",
     "convergence",
@@ -422,6 +423,27 @@ def link_times(table: pd.DataFrame, title: str | None = None) -> Figure:
            title=title or "Step time behind real links: measured (median, min-max) and modelled")  # fmt: skip
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, axis="y", alpha=0.3)
+    return fig
+
+
+def accuracy_over_time(results: Iterable[Result], target: float | None = None, title: str | None = None) -> Figure:
+    """Test accuracy against rank 0's training seconds (log), one colour per hook, one line per seed; ``target``
+    drawn as a dashed line. The time is the sum of step times: evaluation left out."""
+    fig, ax = plt.subplots(figsize=(9, 5), constrained_layout=True)
+    colors: dict[str, Any] = {}
+    for r in _list(results):
+        steps = r.steps.set_index("step")
+        seconds = steps["step_time_s"].cumsum()
+        evaluated = steps["accuracy"].dropna()
+        label = None if r.name in colors else r.name
+        (line,) = ax.plot(seconds[evaluated.index], evaluated, marker=".", color=colors.get(r.name), label=label)
+        colors.setdefault(r.name, line.get_color())
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+    ax.set(xscale="log", xlabel="training time, rank 0 (s, log; evaluation left out)", ylabel="test accuracy",
+           title=title or "Accuracy over training time")  # fmt: skip
+    ax.legend(fontsize="small", loc="lower right")
+    ax.grid(True, alpha=0.3)
     return fig
 
 

@@ -42,6 +42,8 @@ __all__ = [
     "predict",
     "step_statistics",
     "time_hooks",
+    "time_to_accuracy",
+    "training_seconds",
 ]
 
 #: The links the lab's timing study runs behind, fastest first.
@@ -379,6 +381,35 @@ def crossings(timed: LinkTimes, costs: Mapping[str, float], baseline: str = "all
                 "max_gbps": max(values),
                 "model_gbps": predicted,
                 "model_vs_measured": predicted / measured if math.isfinite(measured) and measured else math.nan,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+# -- time to accuracy --------------------------------------------------------------------------------------------
+
+
+def training_seconds(result: Result) -> pd.Series:
+    """Rank 0's training time after each step (the sum of ``step_time_s``: evaluation left out), by step."""
+    return result.steps.set_index("step")["step_time_s"].cumsum()
+
+
+def time_to_accuracy(results: Sequence[Result], target: float) -> pd.DataFrame:
+    """Per run: the training seconds (:func:`training_seconds`) at the first evaluation whose test accuracy is at
+    least ``target`` (``inf`` if none is), the step it came at, and the whole run's training seconds."""
+    rows = []
+    for r in results:
+        seconds = training_seconds(r)
+        evaluated = r.steps.dropna(subset=["accuracy"]).set_index("step")["accuracy"]
+        reached = evaluated[evaluated >= target]
+        step = int(reached.index[0]) if len(reached) else None
+        rows.append(
+            {
+                "hook": r.name,
+                "seed": r.config["seed"],
+                "step": step,
+                "seconds": float(seconds[step]) if step is not None else math.inf,
+                "run_seconds": float(seconds.iloc[-1]),
             }
         )
     return pd.DataFrame(rows)
