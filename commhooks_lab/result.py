@@ -69,10 +69,14 @@ class Result:
         compressed = self.steps[self.steps["compressing"]] if "compressing" in self.steps else self.steps
         return compressed if len(compressed) else self.steps
 
-    def step_ms(self, skip: int = 1) -> dict:
+    def step_ms(self, skip: int = 1, compressed: bool = False) -> dict:
         """Rank 0's step time in ms over the steps after the first ``skip`` (DDP builds its buckets in the
-        first): median, min and max, and how many steps they come from."""
-        times = 1e3 * self.steps["step_time_s"].iloc[skip:]
+        first), of those only the ones where the hook compressed if ``compressed`` (and it ever did): median,
+        min and max, and how many steps they come from."""
+        steps = self.steps.iloc[skip:]
+        if compressed and "compressing" in steps and steps["compressing"].any():
+            steps = steps[steps["compressing"]]
+        times = 1e3 * steps["step_time_s"]
         if not len(times):
             times = 1e3 * self.steps["step_time_s"]
         return {"median": times.median(), "min": times.min(), "max": times.max(), "steps": len(times)}

@@ -1,7 +1,8 @@
 """Studies that answer one question each, built on the notebook API: convergence over seeds and the headroom
 test (``convergence``), bytes and time by rule (``network``), precision at scale (``precision``), the
 ``torch.compile`` matrix (``compile_matrix``), what runs here (``availability``), overlap with backward
-(``overlap``), gradient accumulation (``accumulation``), syncing every H steps (``low_communication``) and time behind real slow links (``links``).
+(``overlap``), gradient accumulation (``accumulation``), syncing every H steps (``low_communication``) and
+time behind real slow links (``links``).
 May import everything below the plots and widgets; nothing below imports it.
 """
 

@@ -11,7 +11,8 @@ the ranks themselves:
 
 :func:`predict` feeds the first two into :mod:`commhooks_lab.studies.network`'s alpha-beta model and puts its
 step time beside the measured one; :func:`crossings` finds where each hook's measured time crosses the
-baseline's, against the model's break-even bandwidth.
+baseline's, against the model's break-even bandwidth; :func:`time_to_accuracy` reads runs behind a link
+against the clock (notebook 11).
 """
 
 from __future__ import annotations
@@ -202,11 +203,8 @@ def local_costs(
 
 def step_statistics(result: Result, skip: int = WARMUP_STEPS) -> dict:
     """Rank 0's step time (ms) over the steps after ``skip`` where the hook compressed: median, min, max."""
-    steps = result.steps.iloc[skip:]
-    if steps["compressing"].any():
-        steps = steps[steps["compressing"]]
-    ms = 1e3 * steps["step_time_s"]
-    return {"median_ms": ms.median(), "min_ms": ms.min(), "max_ms": ms.max(), "steps": len(ms)}
+    ms = result.step_ms(skip, compressed=True)
+    return {"median_ms": ms["median"], "min_ms": ms["min"], "max_ms": ms["max"], "steps": ms["steps"]}
 
 
 @dataclasses.dataclass

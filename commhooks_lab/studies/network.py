@@ -1,7 +1,8 @@
 """When does compression pay off? Bytes by rule, an alpha-beta network model, and its assumptions.
 
-On one machine compression never speeds a step up (loopback is fast, encoding is not), so the
-lab does not fake a speed-up. It counts bytes (measured on the lab's small models; computed by
+On loopback compression never speeds a step up (loopback is fast, encoding is not); behind a real
+rate-limited link it can, and :mod:`commhooks_lab.studies.links` measures that and holds this model against
+it. This module counts bytes (measured on the lab's small models; computed by
 the same rules, :func:`rule_traffic`, for real architectures whose shapes :func:`architectures`
 builds without downloading anything) and *models* the network, with compression costs passed in
 (notebook 8 measures them per element on this CPU).
