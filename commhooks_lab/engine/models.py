@@ -38,7 +38,7 @@ TASK_SUMMARIES = {
     "mlp": "digits 8x8 -> MLP 64-128-10 (scikit-learn load_digits, 1797 real handwritten digits)",
     "cnn": "digits 8x8 -> CNN conv16-conv32-pool-linear (same data)",
     "lowrank": "synthetic regression whose weight gradients have rank <= 4 (inputs in a 4-dim subspace)",
-    "wide": "digits 8x8 -> MLP 64-1024-1024-10 (1.1M parameters, 4.4 MB of float32 gradients: a slow link matters)",
+    "wide": "digits 8x8 -> MLP 64-1024-1024-10 (1,126,410 parameters, 4.5 MB of float32 gradients: a link matters)",
 }
 #: The wide MLP's hidden width: 1024 x 1024 is the one large matrix, PowerSGD's best case for a matrix of its size.
 WIDE_HIDDEN = 1024

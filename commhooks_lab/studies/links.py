@@ -294,8 +294,9 @@ def in_step_costs(timed: LinkTimes, at: str = "unlimited") -> dict[str, float]:
     return costs
 
 
-def _model_ms(base_ms: float, traffic: Mapping[str, float], local_s: float, link: Mapping, w: int) -> float:
-    return base_ms + 1e3 * (local_s + network.comm_seconds(traffic, w, link["payload_gbps"], link["alpha_us"]))
+def _model_ms(base_ms: float, traffic: Mapping[str, float], local_s: float, link: Mapping) -> float:
+    comm = network.comm_seconds(traffic, link["world_size"], link["payload_gbps"], link["alpha_us"])
+    return base_ms + 1e3 * (local_s + comm)
 
 
 def predict(timed: LinkTimes, costs: Mapping[str, float]) -> pd.DataFrame:
@@ -313,8 +314,7 @@ def predict(timed: LinkTimes, costs: Mapping[str, float]) -> pd.DataFrame:
         if hook == BASE:
             continue
         base_ms = times[(times["link"] == link) & (times["hook"] == BASE)]["median_ms"].median()
-        fact = facts[link]
-        model = _model_ms(base_ms, timed.traffics[hook], costs.get(hook, 0.0), fact, fact["world_size"])
+        model = _model_ms(base_ms, timed.traffics[hook], costs.get(hook, 0.0), facts[link])
         measured = group["median_ms"].median()
         rows.append(
             {
