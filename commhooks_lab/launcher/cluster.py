@@ -22,7 +22,7 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from . import rank_process, rank_server
+from . import isolation, rank_process, rank_server
 from .collective_log import left_out
 from .environment import child_environment, patched_environ
 from .errors import RankFailure, WorkerError, WorkerTimeoutError, explain_death
@@ -243,6 +243,8 @@ class Cluster:
     ):
         self.backend = check_launch_options(world_size, backend, timeout_s, start_method)
         self.link = check_link(link, start_method, self.backend)
+        #: Do the ranks share a private network no other account can reach (:mod:`.isolation`)? A link implies it.
+        self.private = self.link is not None or isolation.isolates(self.backend, start_method)
         self.world_size = int(world_size)
         self.timeout_s = float(timeout_s)
         self.start_method = start_method
@@ -328,7 +330,7 @@ class Cluster:
         import multiprocessing
 
         environ = {**os.environ, **self.env}
-        self._server = rank_server.server_for(environ, hosts_network=self.link is not None)
+        self._server = rank_server.server_for(environ, hosts_network=self.private)
         timeout_s = max(self.timeout_s, START_TIMEOUT_S)
         for rank in range(self.world_size):
             self._add_rank(

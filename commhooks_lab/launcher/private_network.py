@@ -24,6 +24,7 @@ import errno
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 from typing import Any
@@ -68,10 +69,19 @@ def _call(name: str, *args: int) -> None:
         raise OSError(code, f"{name}: {os.strerror(code)}")
 
 
+def _tool(name: str) -> str:
+    """Where ``ip`` or ``tc`` is: Debian installs iproute2 in /usr/sbin and /sbin, which an ordinary account's
+    PATH leaves out (only root's has them), so they are looked for there too."""
+    path = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
+    return shutil.which(name, path=path) or name
+
+
 def _run(tool: str, commands: list[str]) -> None:
     """Run ``ip -batch -`` or ``tc -batch -`` on ``commands``; one error names the command that failed."""
     try:
-        done = subprocess.run([tool, "-batch", "-"], input="\n".join(commands) + "\n", capture_output=True, text=True)
+        done = subprocess.run(
+            [_tool(tool), "-batch", "-"], input="\n".join(commands) + "\n", capture_output=True, text=True
+        )
     except FileNotFoundError as exc:
         raise NetworkError(f"{tool} is not installed: install iproute2 (apt-get install iproute2)") from exc
     if done.returncode:
@@ -177,7 +187,9 @@ def join(link: Any) -> str:
 
 def qdisc_bytes(dev: str = IFACE) -> int:
     """Bytes the root qdisc of ``dev`` has sent (Ethernet frames with their headers: what htb counts)."""
-    done = subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", dev], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [_tool("tc"), "-s", "-j", "qdisc", "show", "dev", dev], capture_output=True, text=True, check=True
+    )
     return int(next(q for q in json.loads(done.stdout) if q.get("root"))["bytes"])
 
 

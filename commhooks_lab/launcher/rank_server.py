@@ -211,7 +211,9 @@ def prewarm() -> RankServer | None:
 
 def default_server() -> RankServer:
     """The server a plain ``Cluster()`` in this process uses (the notebook's environment), started if needed."""
-    return server_for({**os.environ, **child_environment()})
+    from .isolation import isolates
+
+    return server_for({**os.environ, **child_environment()}, hosts_network=isolates("gloo", DEFAULT_START_METHOD))
 
 
 class _RankPopen(popen_forkserver.Popen):
