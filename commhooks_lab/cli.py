@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 from .hooks.powersgd import SHORT_RUN_START
@@ -80,12 +81,28 @@ def comparison_configs(args: argparse.Namespace):
     return configs
 
 
+def _check_out(out: Path) -> None:
+    """Refuse an ``--out`` the results could not be written to before the comparison runs, not after."""
+    try:
+        (out / "results").mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as exc:
+        raise ValueError(
+            f"--out {out}: cannot write the results there ({exc.strerror or exc}): give a folder you can write to, "
+            "or --out '' for none"
+        ) from None
+
+
 def _compare(args: argparse.Namespace) -> int:
     from .experiment import compare
 
+    configs = comparison_configs(args)
+    if args.out:
+        _check_out(Path(args.out))
     # in a terminal the lab starts the ranks; under torchrun they are given (world size included) and
     # compare runs every config in their one process group, rank 0 reporting
-    results = compare(comparison_configs(args), progress=not args.quiet)
+    results = compare(configs, progress=not args.quiet)
     if results is None:  # a torchrun rank other than 0
         return 0
     first = results[0].config

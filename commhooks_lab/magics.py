@@ -49,8 +49,30 @@ def format_outputs(rows: list[dict]) -> str:
     return "".join(parts)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises IPython's UsageError (a one-line message) where it would exit the kernel's
+    process with ``SystemExit: 2``, even with ``exit_on_error=False`` (unknown options, missing values)."""
+
+    def error(self, message: str):
+        from IPython.core.error import UsageError
+
+        raise UsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
+
+
+def _parse(parser: argparse.ArgumentParser, words: list[str], *, names: bool = False) -> tuple:
+    """The options (and, with ``names``, the other words); a bad or unknown option is a UsageError."""
+    try:
+        options, rest = parser.parse_known_args(words)
+    except argparse.ArgumentError as exc:
+        parser.error(str(exc))
+    unknown = [w for w in rest if w.startswith("-")] if names else rest
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return options, rest
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, add_help=False, exit_on_error=False)
+    parser = _Parser(prog=prog, add_help=False, exit_on_error=False)
     parser.add_argument("--rank", default=None, help="ranks to run on: 0 or 0,2")
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--measure", action="store_true", help="probe hooks registered in the cell")
@@ -73,6 +95,8 @@ def measured_cell(ctx, code: str, key: str = "ddp") -> dict:
     probes = ns.setdefault("__probes__", [])  # %ddp reset forgets them with the namespace
     with probing(ctx, probes):
         row = run_cell(ctx, code, None, key)
+    if row["restart"]:  # no process group left to agree in
+        return row
     failed = torch.tensor([row["error"] is not None], dtype=torch.int32)
     dist.all_reduce(failed)
     if failed.item():
@@ -87,12 +111,17 @@ def measured_cell(ctx, code: str, key: str = "ddp") -> dict:
 
 
 def _ranks(text: str | None, world_size: int) -> list[int] | None:
+    from IPython.core.error import UsageError
+
     if text is None:
         return None
-    ranks = sorted({int(r) for r in text.split(",") if r.strip()})
+    try:
+        ranks = sorted({int(r) for r in text.split(",") if r.strip()})
+    except ValueError:
+        raise UsageError(f"--rank {text}: give rank numbers, 0 or 0,2 (ranks are 0..{world_size - 1} here)") from None
     bad = [r for r in ranks if not 0 <= r < world_size]
-    if bad:
-        raise ValueError(f"--rank {text}: ranks are 0..{world_size - 1} here")
+    if bad or not ranks:
+        raise UsageError(f"--rank {text}: ranks are 0..{world_size - 1} here")
     return ranks
 
 
@@ -115,11 +144,17 @@ class _DDP:
         words = shlex.split(line)
         command, rest = (words[0], words[1:]) if words else ("status", [])
         if command == "start":
-            parser = argparse.ArgumentParser(prog="%ddp start", add_help=False, exit_on_error=False)
+            from .launcher.link import as_link
+            from .launcher.options import DEFAULT_TIMEOUT_S, check_common_options
+
+            parser = _Parser(prog="%ddp start", add_help=False, exit_on_error=False)
             parser.add_argument("-n", type=int, default=2)
             parser.add_argument("--timeout", type=float, default=None)
             parser.add_argument("--link", default=None, help="each rank behind a link of its own: 100mbit, 1gbit")
-            started = parser.parse_args(rest)
+            started, _ = _parse(parser, rest)
+            timeout_s = DEFAULT_TIMEOUT_S if started.timeout is None else started.timeout
+            check_common_options(started.n, None, timeout_s)  # refused before the magics remember them
+            as_link(started.link)
             self.world_size, self.timeout_s, self.link = started.n, started.timeout, started.link
             cluster = self.cluster()
             cluster.start()
@@ -148,15 +183,22 @@ class _DDP:
         if command == "push":
             from .launcher.cells import push
 
+            missing = [name for name in rest if name not in self.shell.user_ns]
+            if missing:
+                raise NameError(f"%ddp push: not defined in the kernel: {', '.join(missing)}")
             values = {name: self.shell.user_ns[name] for name in rest}
             self.cluster().run(push, values)
             return None
         if command == "pull":
-            from .launcher.cells import pull
+            from .launcher.cells import MISSING, pull
 
-            options, names = _parser("%ddp pull").parse_known_args(rest)
+            options, names = _parse(_parser("%ddp pull"), rest, names=True)
             ranks = _ranks(options.rank, self.world_size)
             rows = self.cluster().run(pull, names, ranks)
+            absent = {r: row[MISSING] for r, row in enumerate(rows) if MISSING in row}
+            if absent:  # the ranks and their namespaces stay
+                said = "; ".join(f"rank {r}: {', '.join(lacking)}" for r, lacking in absent.items())
+                raise NameError(f"%ddp pull: not defined on the ranks ({said})")
             for name in names:
                 self.shell.user_ns[name] = rows[ranks[0]][name] if ranks else [row[name] for row in rows]
             return None
@@ -165,7 +207,7 @@ class _DDP:
     def cell(self, line: str, cell: str) -> None:
         from .launcher.cells import run_cell
 
-        args = _parser("%%ddp").parse_args(shlex.split(line))
+        args, _ = _parse(_parser("%%ddp"), shlex.split(line))
         ranks = _ranks(args.rank, self.world_size)
         if args.measure and ranks is not None:
             raise ValueError("%%ddp --measure runs on every rank (measuring communicates): drop --rank")
@@ -177,6 +219,11 @@ class _DDP:
         if text:
             print(text, end="" if text.endswith("\n") else "\n")
         failed = [row["rank"] for row in rows if not row.get("skipped") and row["error"] is not None]
+        if any(row.get("restart") for row in rows):
+            from .launcher import session
+
+            session.close()  # the next cell or run starts ranks with a process group
+            raise DDPCellError("the cell destroyed the ranks' process group; they were stopped (traceback above)")
         if failed:
             names = ", ".join(str(r) for r in failed)
             raise DDPCellError(f"the cell raised on rank{'s' if len(failed) > 1 else ''} {names} (traceback above)")

@@ -156,26 +156,66 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text).strip("_")
 
 
+#: The largest file lab.load reads (it reads a file whole): far above any run the lab allows, below a machine's memory.
+MAX_FILE_BYTES = 512 << 20
+#: The fields of a saved Result, and what each must be.
+_FIELDS = {"config": dict, "steps": dict, "layers": dict, "notes": list, "env": dict, "final": dict}
+
+
+def _frame(path: Path, name: str, data: dict) -> pd.DataFrame:
+    """A saved table, checked: ``columns`` names, one dtype per column, rows as long as the columns."""
+    columns, dtypes, rows = data.get("columns"), data.get("dtypes"), data.get("data")
+    if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
+        raise ValueError(f"{path}: {name}.columns must be a list of column names")
+    if (
+        not isinstance(dtypes, dict)
+        or set(dtypes) != set(columns)
+        or not all(isinstance(t, str) for t in dtypes.values())
+    ):
+        raise ValueError(f"{path}: {name}.dtypes must give one dtype name for each of {name}.columns")
+    if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == len(columns) for r in rows):
+        raise ValueError(f"{path}: {name}.data must be a list of rows, each with {len(columns)} values")
+    try:
+        return _frame_from_json(data)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: {name} does not match its dtypes ({exc})") from None
+
+
 def load(path) -> Result | ResultSet:
-    """Read a saved Result (a .json file), or a folder of them as a ResultSet."""
+    """Read a saved Result (a .json file), or a folder of them as a ResultSet; a file that is not one is refused
+    with the field that is wrong."""
     path = Path(path)
     if path.is_dir():
         return ResultSet(load(p) for p in sorted(path.glob("*.json")))
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise ValueError(
+            f"{path} is {size:,} bytes: no saved Result is that large (lab.load reads at most "
+            f"{MAX_FILE_BYTES >> 20} MiB, whole)"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(
-            f"{path} is not a saved commhooks_lab Result (not JSON text: {exc}); lab.load reads what "
+            f"{path} is not a saved commhooks_lab Result (not JSON text: {str(exc)[:200]}); lab.load reads what "
             "result.save(path) wrote, or a folder of such files"
-        ) from exc
+        ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{path} is not a saved commhooks_lab Result")
     if data.get("version") != VERSION:
         raise ValueError(f"{path} has Result format version {data.get('version')}; this lab reads {VERSION}")
+    for name, kind in _FIELDS.items():
+        if not isinstance(data.get(name), kind):
+            found = "missing" if name not in data else f"a {type(data[name]).__name__}"
+            raise ValueError(f"{path}: field {name!r} must be a {kind.__name__}, found {found}")
+    if not all(isinstance(note, str) for note in data["notes"]):
+        raise ValueError(f"{path}: field 'notes' must be a list of strings")
+    if not isinstance(data.get("sample"), (dict, type(None))):
+        raise ValueError(f"{path}: field 'sample' must be a dict or null")
     return Result(
         data["config"],
-        _frame_from_json(data["steps"]),
-        _frame_from_json(data["layers"]),
+        _frame(path, "steps", data["steps"]),
+        _frame(path, "layers", data["layers"]),
         data["notes"],
         data["env"],
         data["final"],

@@ -113,7 +113,7 @@ def test_bad_checkpoint_options_are_refused(changes, message):
 def _fake_checkpoint(folder, config: ExperimentConfig, step: int = 4, save_id: str = "one-save") -> None:
     """run.json and both ranks' files of one save, as save_checkpoint writes them (no ranks needed)."""
     for rank in range(config.world_size):
-        checkpoint.save_rank(folder, rank, {"step": step}, save_id)
+        checkpoint.commit(checkpoint.stage_rank(folder, rank, {"step": step}, save_id))
     meta = {"config": config.to_dict(), "step": step, "world_size": config.world_size, "save_id": save_id}
     checkpoint.write_run(folder, meta)
 
@@ -312,3 +312,40 @@ def test_a_missing_rank_file_is_named(two_saves, tmp_path):
 def test_an_intact_checkpoint_still_resumes(two_saves, cluster):
     resumed = lab.run(**SMALL, resume_from=two_saves[0], cluster=cluster)
     assert any("resumed from" in note for note in resumed.notes)
+
+
+def test_a_save_that_fails_on_one_rank_keeps_the_last_save_whole(cluster, tmp_path):
+    """Each rank stages its files and none puts them in place unless every rank wrote its own: a second save that
+    failed on rank 1 used to replace rank 0's files, leaving a folder of two saves and no good checkpoint."""
+    folder = tmp_path / "ckpt"
+    lab.run(**SMALL, checkpoint_at=3, checkpoint_dir=folder, cluster=cluster)
+    first = checkpoint.check_files(folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    (folder / "rank1.pt.partial").symlink_to(tmp_path / "elsewhere")  # rank 1 cannot write its new files
+    with pytest.raises(WorkerError, match=r"rank 1 raised CheckpointError: .*rank1\.pt\.partial exists") as info:
+        lab.run(**SMALL, checkpoint_at=4, checkpoint_dir=folder, cluster=cluster)
+    assert "rank 1 could not write its checkpoint files; the last save is kept" in str(info.value)
+    (folder / "rank1.pt.partial").unlink()
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # rank 0 staged, then dropped its files
+    assert checkpoint.check_files(folder)["save_id"] == first["save_id"]
+    resumed = lab.run(**SMALL, resume_from=folder, cluster=cluster)
+    assert resumed.final["param_digests"] == lab.run(**SMALL, cluster=cluster).final["param_digests"]
+
+
+def test_a_full_disk_is_named_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    import errno
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(checkpoint.CheckpointError, match=r"could not write .*x\.pt \(the disk is full\)"):
+        checkpoint.save_tree(tmp_path / "x", {"t": torch.zeros(1)})
+    monkeypatch.undo()
+
+    def no_space(f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(checkpoint.CheckpointError, match=r"x\.json \(the disk is full\)"):
+        checkpoint._write_whole(tmp_path / "x.json", no_space)
+    assert list(tmp_path.iterdir()) == []

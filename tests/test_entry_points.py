@@ -38,12 +38,12 @@ def test_a_function_defined_in_a_notebook_cell_runs_under_spawn(tmp_path):
     assert texts[4] == "WorkerError 0 rank 0 raised KeyError: 'from a cell'\n"
 
 
-def _run(cmd: list[str], timeout: float = 120, cwd=None) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], timeout: float = 120, cwd=None, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run a command in its own session; on timeout end the whole session (torchrun's ranks too).
 
     Afterwards nothing of the session may be left: its ranks, even reparented, must be gone.
     """
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True, cwd=cwd
     )
@@ -103,6 +103,32 @@ def test_main_job_reports_bad_options_without_a_traceback():
     out = _run([sys.executable, "-m", "commhooks_lab", "--hooks", "fp61", "--quiet", "--out", ""])
     assert out.returncode == 2
     assert "did you mean 'fp16'" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args, env, says",
+    [
+        (["--out", "/proc/x"], {}, "--out /proc/x: cannot write the results there"),
+        (["--out", "{file}"], {}, "cannot write the results there (Not a directory)"),
+        (["--model", "os:getcwd"], {}, "model factory os:getcwd cannot be called as factory(seed) -> Task"),
+        ([], {"COMMHOOKS_LAB_SEED_SET": "abc"}, "COMMHOOKS_LAB_SEED_SET='abc': use a whole number"),
+        ([], {"COMMHOOKS_LAB_NUMERICS": "bogus"}, "COMMHOOKS_LAB_NUMERICS='bogus': use one of"),
+    ],
+)
+def test_main_job_refuses_a_bad_out_model_or_environment_before_it_runs(args, env, says, tmp_path):
+    """Each used to end in a traceback: at import, after the ranks started, or after the whole comparison."""
+    (tmp_path / "a_file").write_text("not a folder")
+    args = [arg.format(file=tmp_path / "a_file") for arg in args]
+    out = _run([sys.executable, "-m", "commhooks_lab", "--hooks", "fp16", "--steps", "2", "--quiet", "--out",
+                str(tmp_path), *args], env={**os.environ, **env})  # fmt: skip
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert says in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "ranks ready" not in out.stdout and not (tmp_path / "summary.csv").exists()
+
+
+def test_an_unknown_prewarm_setting_is_named_and_starts_nothing():
+    out = _run([sys.executable, "-c", "import commhooks_lab"], env={**os.environ, "COMMHOOKS_LAB_PREWARM": "maybe"})
+    assert out.returncode == 0 and "COMMHOOKS_LAB_PREWARM='maybe' is not a setting" in out.stderr
 
 
 def test_main_job_runs_under_torchrun():

@@ -4,6 +4,7 @@ Each test here is a fault that used to read as something else (or hang, or fail 
 gets a message that names the cause and the rank, within the run's ``timeout_s``, and leaves nothing running.
 """
 
+import json
 import math
 import os
 import signal
@@ -168,6 +169,57 @@ def test_loading_a_file_that_is_not_a_result_names_it(tmp_path):
     binary.write_bytes(bytes(range(256)))
     with pytest.raises(ValueError, match=r"weights\.bin is not a saved commhooks_lab Result \(not JSON text"):
         lab.load(binary)
+
+
+def _saved(tmp_path) -> dict:
+    import pandas as pd
+
+    steps = pd.DataFrame({"step": [0, 1], "loss": [2.0, 1.5], "accuracy": [float("nan"), 0.5]})
+    layers = pd.DataFrame({"step": [0, 1], "layer": ["w", "w"], "rel_error": [0.1, 0.2]})
+    result = lab.Result({"hook": "fp16", "steps": 2}, steps, layers, ["a note"], {"task": "t"}, {"x": 1})
+    path = result.save(tmp_path / "good.json")
+    return json.loads(Path(path).read_text())
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (lambda d: d.pop("config"), "field 'config' must be a dict, found missing"),
+        (lambda d: d.update(final=[1, 2]), "field 'final' must be a dict, found a list"),
+        (lambda d: d.update(notes="one note"), "field 'notes' must be a list, found a str"),
+        (lambda d: d.update(notes=[1]), "field 'notes' must be a list of strings"),
+        (lambda d: d.update(env=None), "field 'env' must be a dict, found a NoneType"),
+        (lambda d: d.update(sample=[]), "field 'sample' must be a dict or null"),
+        (lambda d: d["steps"].pop("columns"), r"steps\.columns must be a list of column names"),
+        (lambda d: d["steps"]["dtypes"].pop("loss"), r"steps\.dtypes must give one dtype name for each"),
+        (lambda d: d["layers"]["data"].append([1]), r"layers\.data must be a list of rows, each with 3 values"),
+        (lambda d: d["steps"]["data"][0].__setitem__(0, None), "steps does not match its dtypes"),
+        (lambda d: d["steps"]["dtypes"].update(loss="no-such-dtype"), "steps does not match its dtypes"),
+        (lambda d: None, "not JSON text"),  # the file is 100,000 nested lists: json's RecursionError
+    ],
+)
+def test_a_saved_result_with_a_wrong_field_is_refused_naming_the_file_and_the_field(tmp_path, damage, says):
+    document = _saved(tmp_path)
+    assert isinstance(lab.load(tmp_path / "good.json"), lab.Result)
+    damage(document)
+    bad = tmp_path / "bad.json"
+    text = json.dumps(document) if "not JSON" not in says else "[" * 10**5 + "]" * 10**5
+    bad.write_text(text)
+    with pytest.raises(ValueError, match=r"bad\.json"):
+        lab.load(bad)
+    with pytest.raises(ValueError, match=says):
+        lab.load(bad)
+
+
+def test_a_file_too_large_for_a_result_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    from commhooks_lab import result
+
+    monkeypatch.setattr(result, "MAX_FILE_BYTES", 1000)
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * 2000)
+    monkeypatch.setattr(Path, "read_text", lambda *a, **k: pytest.fail("read a file over the limit"))
+    with pytest.raises(ValueError, match=r"big\.json is 2,000 bytes: no saved Result is that large"):
+        lab.load(big)
 
 
 # -- training that goes non-finite ----------------------------------------------------------------------------

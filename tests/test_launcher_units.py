@@ -95,6 +95,25 @@ def test_a_rank_log_keeps_the_last_lines_and_forwards_each_byte_once(capfd):
     assert log.tail() == ""
 
 
+def test_a_rank_log_forwards_a_large_output_in_bounded_chunks(capfdbinary, monkeypatch):
+    from commhooks_lab.launcher import rank_logs
+
+    log = RankLog(0)
+    written = os.urandom(5 * rank_logs.FORWARD_CHUNK + 123)
+    reads: list[int] = []
+    pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, offset: reads.append(n) or pread(fd, n, offset))
+    try:
+        with stderr_into(log.path):
+            os.write(2, written)
+        capfdbinary.readouterr()
+        log.forward()
+        assert capfdbinary.readouterr().err == written  # every byte, once, in order
+        assert max(reads) <= rank_logs.FORWARD_CHUNK and sum(reads) == len(written)
+    finally:
+        log.remove()
+
+
 def test_only_the_bootstrap_error_is_explained_as_a_missing_main_guard():
     assert explain_death("Segmentation fault") is None
     text = explain_death("RuntimeError:\n  current process has finished its bootstrapping phase.")

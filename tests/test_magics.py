@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
 import commhooks_lab as lab
@@ -46,7 +47,7 @@ def test_a_cell_can_run_on_some_ranks(shell, capsys):
     with pytest.raises(DDPCellError, match="rank 0"):
         cell(shell, "only")  # rank 0 never ran the cell above
     assert "NameError: name 'only' is not defined" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="ranks are 0..1"):
+    with pytest.raises(UsageError, match="ranks are 0..1"):
         cell(shell, "pass", line="--rank 2")
 
 
@@ -59,6 +60,73 @@ def test_an_error_on_one_rank_is_named_and_the_namespaces_survive(shell, capsys)
     assert "%%ddp cell, rank 1" in out  # the traceback names the cell and the rank
     cell(shell, "print(kept)")
     assert "[rank 0]\n0" in capsys.readouterr().out
+
+
+def _rank_pids() -> list[list[int]]:
+    from commhooks_lab.launcher import session
+
+    return [cluster.pids for cluster in session.active()]
+
+
+BAD_CELLS = {
+    "x = (1,": "SyntaxError",
+    "import sys; sys.exit(3)": "SystemExit: 3",
+    "import sys; print('before'); sys.stdout.close()": None,  # its text still comes back
+    "import os; os.fork()": "os.fork() in a %%ddp cell",
+    "import multiprocessing as mp; mp.get_context('fork').Process(target=print).start()": "daemonic processes",
+}
+
+
+@pytest.mark.parametrize("code", list(BAD_CELLS))
+def test_no_cell_a_learner_writes_stops_the_ranks_or_loses_the_namespaces(shell, capsys, code):
+    cell(shell, "kept = rank + 10")
+    pids = _rank_pids()
+    if BAD_CELLS[code] is None:
+        cell(shell, code)
+        assert "[ranks 0, 1]\nbefore" in capsys.readouterr().out
+    else:
+        with pytest.raises(DDPCellError, match="the cell raised on ranks 0, 1"):
+            cell(shell, code)
+        assert BAD_CELLS[code] in capsys.readouterr().out
+    cell(shell, "print(kept)")
+    assert "[rank 0]\n10\n[rank 1]\n11" in capsys.readouterr().out
+    assert _rank_pids() == pids
+
+
+def test_bad_magic_arguments_are_usage_errors_and_the_ranks_stay(shell, capsys):
+    cell(shell, "kept = rank")
+    pids = _rank_pids()
+    for line, says in [("start --bogus", "unrecognized arguments: --bogus"), ("pull kept --bogus", "--bogus"),
+                       ("start -n", "expected one argument")]:  # fmt: skip
+        with pytest.raises(UsageError, match=says):
+            shell.run_line_magic("ddp", line)
+    for line, says in [("--bogus", "unrecognized arguments"), ("--rank abc", "give rank numbers"),
+                       ("--timeout soon", "invalid float value")]:  # fmt: skip
+        with pytest.raises(UsageError, match=says):
+            cell(shell, "pass", line=line)
+    with pytest.raises(ValueError, match="world_size must be at least 1, got -3"):
+        shell.run_line_magic("ddp", "start -n -3")
+    shell.run_line_magic("ddp", "status")
+    assert capsys.readouterr().out.endswith("2 ranks running\n")  # -3 was not remembered
+    with pytest.raises(NameError, match="not defined in the kernel: undefined_here"):
+        shell.run_line_magic("ddp", "push undefined_here")
+    with pytest.raises(NameError, match="rank 0: nope, kept_not; rank 1: nope, kept_not"):
+        shell.run_line_magic("ddp", "pull nope kept_not")
+    cell(shell, "print(kept)")
+    assert "[rank 1]\n1" in capsys.readouterr().out and _rank_pids() == pids
+
+
+def test_a_cell_that_changes_what_later_runs_need_is_named(shell, capsys):
+    cell(shell, "torch.set_default_dtype(torch.float64)")
+    assert "set torch's default dtype to torch.float64" in capsys.readouterr().out
+    cell(shell, "print(torch.get_default_dtype())")
+    assert "[ranks 0, 1]\ntorch.float32" in capsys.readouterr().out
+    with pytest.raises(DDPCellError, match="destroyed the ranks' process group"):
+        cell(shell, "dist.destroy_process_group()")
+    assert "the kernel restarts them" in capsys.readouterr().out
+    assert _rank_pids() == []  # stopped: the next cell or run starts ranks with a process group
+    cell(shell, "print(dist.is_initialized())")
+    assert "[ranks 0, 1]\nTrue" in capsys.readouterr().out
 
 
 def test_push_and_pull_move_values_both_ways(shell):

@@ -16,6 +16,7 @@ import json
 import os
 import resource
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -148,6 +149,38 @@ def test_another_account_cannot_reach_the_rendezvous_or_disturb_a_run(other_acco
     fresh = lab.run(hook="fp16", steps=4, fresh=True)
     assert fresh.final["param_digests"] == before.final["param_digests"]
     assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("mode, inside", [(0o777, False), (0o1777, True), (0o700, True)])
+def test_the_rendezvous_is_made_only_where_no_other_account_can_move_it(tmp_path, monkeypatch, mode, inside):
+    """In a 0777 temp folder without the sticky bit another account renamed the rendezvous folder away and made its
+    own, open to all, in its place: the ranks' store then lay in it, 786 bytes readable by anyone."""
+    from commhooks_lab.launcher.store import PrivateRendezvous
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    os.chmod(temp, mode)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    rendezvous = PrivateRendezvous()
+    try:
+        expected = temp if inside else tmp_path / "home" / ".cache" / "commhooks_lab"
+        assert Path(rendezvous.folder).parent == expected
+        assert stat.S_IMODE(os.stat(rendezvous.folder).st_mode) == 0o700
+    finally:
+        rendezvous.close()
+
+
+def test_a_folder_another_account_owns_is_no_place_for_the_rendezvous(tmp_path):
+    from commhooks_lab.launcher.store import no_one_else_can_move
+
+    theirs = tmp_path / "theirs"
+    (theirs / "below").mkdir(parents=True)
+    assert no_one_else_can_move(str(theirs / "below"))
+    if os.geteuid() == 0:  # as root: give it to nobody, as another account would have made it
+        os.chown(theirs, NOBODY, NOBODY)
+        assert not no_one_else_can_move(str(theirs / "below"))
 
 
 def test_the_doctors_rendezvous_check_opens_no_store_socket(monkeypatch):

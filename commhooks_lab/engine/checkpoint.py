@@ -17,6 +17,7 @@ States with nothing to remember (None, a process group) need neither.
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import os
@@ -40,8 +41,11 @@ __all__ = [
     "load_tree",
     "private_folder",
     "read_run",
-    "save_rank",
+    "commit",
+    "discard",
     "save_tree",
+    "stage_rank",
+    "stage_tree",
     "write_run",
 ]
 
@@ -147,11 +151,11 @@ def private_folder(folder: str | Path) -> Path:
     return folder
 
 
-def _write_whole(path: Path, write: Callable[[BinaryIO], Any]) -> None:
-    """Write to a temporary name, then rename: a crash never leaves half a file under ``path``.
+def _write_partial(path: Path, write: Callable[[BinaryIO], Any]) -> Path:
+    """Write ``path``'s content under a temporary name beside it, and return that name; ``path`` is untouched.
 
     The temporary file is created new (a leftover of ours is removed first; a link or another account's file
-    there is refused), mode 0600, without following links; the rename replaces a link at ``path`` itself.
+    there is refused), mode 0600, without following links. A failed write (a full disk) removes it and says so.
     """
     partial = path.with_name(path.name + ".partial")
     try:
@@ -162,9 +166,23 @@ def _write_whole(path: Path, write: Callable[[BinaryIO], Any]) -> None:
             raise CheckpointError(f"{partial} exists and is not a file of ours (a link?): not writing there") from exc
         os.unlink(partial)  # our own leftover from a crash
         fd = os.open(partial, _CREATE, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        write(f)
-    os.replace(partial, path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except Exception as exc:  # torch.save on a full disk: "enforce fail at inline_container.cc ... unexpected pos"
+        partial.unlink(missing_ok=True)
+        full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "unexpected pos" in str(exc)
+        cause = "the disk is full" if full else f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        raise CheckpointError(f"could not write {path} ({cause}); the checkpoint there before is kept") from exc
+    return partial
+
+
+def _write_whole(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Write to a temporary name, then rename: a crash never leaves half a file under ``path`` (the rename
+    replaces a link at ``path`` itself)."""
+    os.replace(_write_partial(path, write), path)
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -179,14 +197,36 @@ def _read_bytes(path: Path) -> bytes:
         return f.read()
 
 
-def save_tree(stem: Path, tree: Any, save_id: str = "") -> None:
-    """``stem``.json and ``stem``.pt; written to temporary names first, so a crash leaves no half file."""
+def stage_tree(stem: Path, tree: Any, save_id: str = "") -> list[Path]:
+    """Write ``stem``.pt and ``stem``.json under temporary names (:func:`commit` puts them in place); a save
+    already there stays whole until then."""
     tensors: dict[str, torch.Tensor] = {}
     structure = _encode(tree, tensors, "")
     tensors[SAVE_ID_KEY] = torch.tensor(list(save_id.encode()), dtype=torch.uint8)
-    _write_whole(stem.with_suffix(".pt"), lambda f: torch.save(tensors, f))
+    staged = [_write_partial(stem.with_suffix(".pt"), lambda f: torch.save(tensors, f))]
     document = {"save_id": save_id, "tree": structure}
-    _write_whole(stem.with_suffix(".json"), lambda f: f.write(json.dumps(document).encode()))
+    try:
+        staged.append(_write_partial(stem.with_suffix(".json"), lambda f: f.write(json.dumps(document).encode())))
+    except BaseException:
+        discard(staged)
+        raise
+    return staged
+
+
+def commit(staged: list[Path]) -> None:
+    """Rename staged files to their own names (``x.pt.partial`` -> ``x.pt``), each rename atomic."""
+    for partial in staged:
+        os.replace(partial, partial.with_suffix(""))
+
+
+def discard(staged: list[Path]) -> None:
+    for partial in staged:
+        partial.unlink(missing_ok=True)
+
+
+def save_tree(stem: Path, tree: Any, save_id: str = "") -> None:
+    """``stem``.json and ``stem``.pt; written to temporary names first, so a crash leaves no half file."""
+    commit(stage_tree(stem, tree, save_id))
 
 
 def _read_json(path: Path) -> Any:
@@ -282,8 +322,9 @@ def _rank_stem(folder: str | Path, rank: int) -> Path:
     return Path(folder) / f"rank{rank}"
 
 
-def save_rank(folder: str | Path, rank: int, tree: dict, save_id: str) -> None:
-    save_tree(_rank_stem(private_folder(folder), rank), tree, save_id)
+def stage_rank(folder: str | Path, rank: int, tree: dict, save_id: str) -> list[Path]:
+    """This rank's files of a new save, under temporary names: the folder's last save stays whole."""
+    return stage_tree(_rank_stem(private_folder(folder), rank), tree, save_id)
 
 
 def load_rank(folder: str | Path, rank: int, device: torch.device | str) -> dict:

@@ -19,7 +19,7 @@ from ..hooks import registry
 from ..hooks.choice import HookChoice, check_hook_choice, split_spec
 from ..launcher.options import DEFAULT_TIMEOUT_S, check_common_options, check_launch_options, check_link
 from ..launcher.rank_server import DEFAULT_START_METHOD
-from .models import resolve_task_factory
+from .models import effective_seed, resolve_task_factory
 
 __all__ = ["COMPILE_BACKEND", "COMPILE_MODES", "ExperimentConfig", "fsdp2_hooks"]
 
@@ -112,6 +112,7 @@ class ExperimentConfig:
             )
         choice = check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory, self.api)
         resolve_task_factory(self.model)
+        effective_seed(0)  # a bad COMMHOOKS_LAB_SEED_SET is refused here, not in every rank after they start
         if local:
             backend = check_launch_options(self.world_size, self.backend, self.timeout_s, "spawn")
             check_link(self.link, DEFAULT_START_METHOD, backend)

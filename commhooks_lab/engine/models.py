@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -164,13 +165,24 @@ def resolve_task_factory(model: Any) -> Callable[[int], Task]:
         if model in BUILDERS:
             return BUILDERS[model]
         if ":" in model:
-            return import_object(model, "model factory")
+            return _takes_a_seed(import_object(model, "model factory"), model)
         raise ValueError(
             f"unknown model {model!r}; choose one of {list(TASKS)}, or pass factory(seed) -> Task or 'module:function'"
         )
     if callable(model):
-        return model
+        return _takes_a_seed(model, getattr(model, "__name__", repr(model)))
     raise ValueError(f"model must be a name, a callable or 'module:function', got {model!r}")
+
+
+def _takes_a_seed(factory: Callable, name: str) -> Callable[[int], Task]:
+    """``factory``, if it can be called as ``factory(seed)``: checked here, not in every rank after they start."""
+    try:
+        inspect.signature(factory).bind(0)
+    except TypeError:
+        raise TypeError(f"model factory {name} cannot be called as factory(seed) -> Task") from None
+    except ValueError:  # no signature to read (some builtins): the ranks will say
+        pass
+    return factory
 
 
 def build_task(model: Any, seed: int) -> Task:

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..launcher.errors import OtherRankFailed
 from . import checkpoint
 from .config import ExperimentConfig
 
@@ -41,7 +42,20 @@ def save_checkpoint(ctx, config: ExperimentConfig, step: int, setup, task, probe
     shared = [uuid.uuid4().hex if ctx.is_main else ""]
     dist.broadcast_object_list(shared, src=0)  # one id for every rank's files and run.json: a mix is caught
     save_id = str(shared[0])
-    checkpoint.save_rank(config.checkpoint_dir, ctx.rank, tree, save_id)
+    staged, error = [], None
+    try:
+        staged = checkpoint.stage_rank(config.checkpoint_dir, ctx.rank, tree, save_id)
+    except Exception as exc:  # told to every rank first: a rank that raised here alone would leave them waiting
+        error = exc
+    failed: list = [None] * ctx.world_size
+    dist.all_gather_object(failed, error is not None)
+    if any(failed):  # the folder keeps its last save whole: no rank puts its new files in place
+        checkpoint.discard(staged)
+        if error is not None:
+            raise error
+        ranks = ", ".join(str(r) for r, f in enumerate(failed) if f)
+        raise OtherRankFailed(f"rank {ranks} could not write its checkpoint files; the last save is kept")
+    checkpoint.commit(staged)
     dist.barrier()  # run.json last: its presence means every rank's files are complete
     if ctx.is_main:
         steps, layers = rows

@@ -25,7 +25,7 @@ from typing import Any
 from . import isolation, rank_process, rank_server
 from .collective_log import left_out
 from .environment import child_environment, patched_environ
-from .errors import RankFailure, WorkerError, WorkerTimeoutError, explain_death
+from .errors import OtherRankFailed, RankFailure, WorkerError, WorkerTimeoutError, explain_death
 from .link import Link
 from .oom import killed_for_memory, oom_kills
 from .options import DEFAULT_TIMEOUT_S, check_common_options, check_environment, check_launch_options, check_link
@@ -87,6 +87,8 @@ _COMM_ECHO = ("connection closed", "connection reset", "broken pipe", "gloo", "n
 
 def _is_echo(f: RankFailure) -> bool:
     """A communication error that only reflects another rank's failure (a peer hung up, timed out)."""
+    if f.how == "raised" and f.summary.startswith(f"raised {OtherRankFailed.__name__}:"):
+        return True
     return f.how == "raised" and any(s in f.summary.lower() for s in _COMM_ECHO)
 
 

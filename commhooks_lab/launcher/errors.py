@@ -6,7 +6,12 @@ import sys
 import traceback
 from dataclasses import dataclass
 
-__all__ = ["explain_death", "RankFailure", "WorkerError", "WorkerTimeoutError"]
+__all__ = ["explain_death", "OtherRankFailed", "RankFailure", "WorkerError", "WorkerTimeoutError"]
+
+
+class OtherRankFailed(RuntimeError):
+    """Raised by a rank that stops because another rank failed first: the launcher reports the other one's error
+    as the cause, this one after it."""
 
 
 @dataclass

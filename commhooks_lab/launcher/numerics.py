@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 __all__ = ["apply_here", "describe", "mode", "MODE_VARIABLE", "MODES", "ONE_THREAD", "PORTABLE_VARIABLES", "variables"]
 
@@ -59,7 +60,11 @@ def apply_here() -> list[str]:
     Returns what could not take effect any more: ATen fixes its kernel choice at the first operation, so a
     process that ran torch before ``import commhooks_lab`` keeps the CPU's own kernels (:func:`describe` says so).
     """
-    wanted = variables()
+    try:
+        wanted = variables()
+    except ValueError as exc:  # the package still imports; every run is refused, with this message, before it starts
+        warnings.warn(f"{exc}; every run is refused until it is fixed", RuntimeWarning, stacklevel=2)
+        return [str(exc)]
     if not wanted:
         return []
     os.environ.update(wanted)

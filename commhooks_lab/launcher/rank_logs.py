@@ -21,6 +21,8 @@ __all__ = ["RankLog", "redirect_own_stderr", "stderr_into"]
 #: How much of a rank's stderr an error shows.
 TAIL_LINES = 20
 _TAIL_BYTES = 64 * 1024
+#: The most of a rank's stderr held in memory at once while it is copied on.
+FORWARD_CHUNK = 1 << 20
 
 _fd2_lock = threading.Lock()
 
@@ -40,11 +42,12 @@ class RankLog:
         self._linked = True
         self._forwarded = 0
 
-    def _read_from(self, offset: int) -> bytes:
+    def _read_from(self, offset: int, most: int | None = None) -> bytes:
         if self._fd is None:
             return b""
         size = os.fstat(self._fd).st_size
-        return os.pread(self._fd, max(0, size - offset), offset) if size > offset else b""
+        wanted = size - offset if most is None else min(most, size - offset)
+        return os.pread(self._fd, wanted, offset) if wanted > 0 else b""
 
     def tail(self, lines: int = TAIL_LINES) -> str:
         """The last ``lines`` lines the rank wrote (empty if none)."""
@@ -54,12 +57,14 @@ class RankLog:
         return "\n".join(data.decode("utf-8", errors="replace").rstrip().splitlines()[-lines:])
 
     def forward(self) -> None:
-        """Copy what the rank wrote since the last call to this process's own stderr (fd 2)."""
-        data = self._read_from(self._forwarded)
-        if data:
+        """Copy what the rank wrote since the last call to this process's own stderr (fd 2), a chunk at a time:
+        a rank that wrote 200 MB raised the kernel's peak memory by 200 MiB when it went in one read."""
+        while data := self._read_from(self._forwarded, FORWARD_CHUNK):
             self._forwarded += len(data)
+            left = memoryview(data)
             with contextlib.suppress(OSError):
-                os.write(2, data)
+                while left:  # a pipe may take less than a chunk at a time
+                    left = left[os.write(2, left) :]
 
     def detach(self) -> None:
         """Remove the file's name; the rank and this object keep writing and reading it."""

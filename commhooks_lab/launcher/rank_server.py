@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import warnings
 from multiprocessing import context, forkserver, popen_forkserver, process, spawn
 from multiprocessing.connection import wait
 from typing import Any
@@ -183,6 +184,14 @@ def why_not_prewarm() -> str | None:
     wanted = os.environ.get(PREWARM_VARIABLE, "auto").strip().lower()
     if wanted in ("0", "false", "no", "off", ""):
         return f"{PREWARM_VARIABLE}={os.environ[PREWARM_VARIABLE]!r}"
+    if wanted not in ("auto", "1", "true", "yes", "on"):
+        warnings.warn(
+            f"{PREWARM_VARIABLE}={os.environ[PREWARM_VARIABLE]!r} is not a setting: use 0 (never), 1 (at import, in "
+            "scripts too) or auto (the default: in an interactive kernel); no rank server starts at import",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return f"{PREWARM_VARIABLE}={os.environ[PREWARM_VARIABLE]!r} is not a setting"
     if "RANK" in os.environ or "LOCAL_RANK" in os.environ:
         return "under torchrun (RANK or LOCAL_RANK is set): the launcher starts the ranks"
     if multiprocessing.parent_process() is not None or getattr(process.current_process(), "_inheriting", False):

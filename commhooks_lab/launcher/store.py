@@ -10,6 +10,7 @@ FSDP2's and subgroups, use the same store). The folder goes when the Cluster sto
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -20,14 +21,45 @@ __all__ = ["PrivateRendezvous"]
 PREFIX = "commhooks-rendezvous-"
 
 
-def _private_parent() -> str | None:
-    """``$XDG_RUNTIME_DIR`` (a per-user tmpfs, 0700) when it is ours; else the system temp folder."""
+def no_one_else_can_move(path: str) -> bool:
+    """Can no other account rename or replace a folder on the way to ``path``? Every folder from it up to ``/``
+    must belong to this account or root, and one that others may write to must have the sticky bit (as /tmp
+    has): in a 0777 folder without it, another account renames this account's folder away and puts its own,
+    open to all, in its place."""
+    path = os.path.realpath(path)
+    while True:
+        info = os.stat(path)
+        if info.st_uid not in (0, os.getuid()):
+            return False
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+            return False
+        parent = os.path.dirname(path)
+        if parent == path:
+            return True
+        path = parent
+
+
+def _private_parent() -> str:
+    """The first safe place (:func:`no_one_else_can_move`) of: ``$XDG_RUNTIME_DIR`` (a per-user tmpfs, 0700)
+    when it is ours, the temp folder (``$TMPDIR``), and a 0700 folder in this account's cache."""
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isdir(runtime):
         info = os.stat(runtime)
         if info.st_uid == os.getuid() and not info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            return runtime
-    return None
+            if no_one_else_can_move(runtime):
+                return runtime
+    temp = tempfile.gettempdir()
+    if no_one_else_can_move(temp):
+        return temp
+    cache = os.path.join(os.path.expanduser("~"), ".cache", "commhooks_lab")
+    with contextlib.suppress(OSError):
+        os.makedirs(cache, mode=0o700, exist_ok=True)
+    if os.path.isabs(cache) and os.path.isdir(cache) and no_one_else_can_move(cache):
+        return cache
+    raise PermissionError(
+        f"no private place for the ranks' rendezvous: another account can rename folders in {temp} (no sticky "
+        f"bit) and in {cache}; set TMPDIR to a folder only you can write to"
+    )
 
 
 class PrivateRendezvous:

@@ -154,8 +154,9 @@ def _local_job(ctx, specs: dict[str, str], model: str, steps: int, seed: int) ->
     from ..engine.ddp_setup import make_optimizer, waits_per_bucket
     from ..engine.models import build_task
     from ..hooks.choice import build_hook
+    from ..hooks.local_sgd import group_of_one
 
-    alone = [dist.new_group([r]) for r in range(ctx.world_size)][ctx.rank]
+    alone = group_of_one()
     runs = {}
     for label, spec in {"noop": "noop", **specs}.items():
         config = ExperimentConfig(
