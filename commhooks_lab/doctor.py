@@ -22,6 +22,7 @@ __all__ = [
     "Check",
     "check_nbval",
     "check_numerics",
+    "check_private_network",
     "check_python",
     "check_rendezvous",
     "check_start_method",
@@ -141,6 +142,27 @@ def check_rendezvous() -> Check:
         rendezvous.close()
     seen = f"FileStore in a {mode:o} folder answers" if ok else "the FileStore does not answer"
     return Check(name, PASS if ok and mode == 0o700 else FAIL, seen)
+
+
+def check_private_network() -> Check:
+    """Can another account reach the ranks' gloo sockets? Not where the ranks get a network namespace of their own."""
+    from .launcher import isolation
+    from .launcher.rank_server import DEFAULT_START_METHOD
+
+    name = "ranks' network"
+    open_to_all = (
+        "their gloo sockets are on this machine's loopback, where any local account can connect: one that answers "
+        "gloo's handshake first takes a rank's place (the run times out), one that connects a thousand times fills "
+        "a rank's file descriptors (it aborts)"
+    )
+    try:
+        why = isolation.why_not_isolated("gloo", DEFAULT_START_METHOD)
+    except ValueError as exc:
+        return Check(name, FAIL, str(exc))
+    if why is None:
+        return Check(name, PASS, "gloo ranks in a private network namespace: no other account can reach their sockets")
+    advice = "on a machine only you use this does not matter; on a shared server allow unprivileged user namespaces"
+    return Check(name, INFO, f"{open_to_all} ({why})", advice)
 
 
 def _child() -> None:  # a module-level function: spawn and forkserver must import it
@@ -301,6 +323,7 @@ def all_checks() -> list[Callable[[], Check]]:
         check_accelerator,
         check_machine,
         check_rendezvous,
+        check_private_network,
         lambda: check_start_method("spawn"),
         lambda: check_start_method("forkserver"),
         check_gloo_allreduce,

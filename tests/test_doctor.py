@@ -24,7 +24,7 @@ def test_doctor_passes_here_and_prints_a_table(capsys):
         "nbval",
     ):
         assert name in out
-    assert "all 13 checks passed" in out and "FAIL" not in out
+    assert f"all {len(doctor.all_checks())} checks passed" in out and "FAIL" not in out
 
 
 def test_a_blocked_start_method_fails_with_advice(monkeypatch):
@@ -92,4 +92,17 @@ def test_doctor_is_a_command():
 
     out = subprocess.run([sys.executable, "-m", "commhooks_lab", "doctor"], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "all 13 checks passed" in out.stdout
+    assert f"all {len(doctor.all_checks())} checks passed" in out.stdout
+
+
+def test_the_doctor_says_whether_another_account_can_reach_the_ranks(monkeypatch):
+    from commhooks_lab.launcher import isolation
+
+    if isolation.why_not_isolated("gloo", "forkserver") is None:  # this machine allows user namespaces
+        assert doctor.check_private_network().status == doctor.PASS
+    monkeypatch.setenv(isolation.VARIABLE, "0")
+    shared = doctor.check_private_network()
+    assert shared.status == doctor.INFO and "any local account can connect" in shared.seen
+    assert "COMMHOOKS_LAB_PRIVATE_NETWORK='0' asks for this machine's loopback" in shared.seen
+    monkeypatch.setenv(isolation.VARIABLE, "perhaps")
+    assert doctor.check_private_network().status == doctor.FAIL

@@ -132,10 +132,12 @@ def _nudged(lines: list[str], factor: float) -> list[str]:
 
 
 def _template_with(tmp_path: Path, name: str, text: list[str], tolerance: dict) -> Path:
-    """The template with its first checked output replaced by ``text``, held to ``tolerance`` (stated on the cell)."""
+    """The template up to its first checked output, replaced by ``text`` and held to ``tolerance`` (stated on the
+    cell); the cells after it would only add run time."""
     copy = tmp_path / f"{name}.ipynb"
     nb = json.loads(TEMPLATE.read_text())
     cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and c["outputs"])
+    nb["cells"] = nb["cells"][: nb["cells"].index(cell) + 1]
     cell["outputs"][0]["text"] = text
     cell["metadata"]["commhooks_lab"] = {"tolerance": tolerance}
     copy.write_text(json.dumps(nb))
