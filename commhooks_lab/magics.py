@@ -110,6 +110,35 @@ def measured_cell(ctx, code: str, key: str = "ddp") -> dict:
     return row
 
 
+#: Above this, ``%ddp push`` says what a push costs (it pickles the values through each rank's pipe).
+LARGE_PUSH_BYTES = 256 << 20
+
+
+def _nbytes(value: Any) -> int:
+    """The bytes of a tensor's or an array's data (what dominates a push), else 0: no value is pickled to find out."""
+    if hasattr(value, "nbytes") and isinstance(value.nbytes, int):  # numpy arrays, torch tensors
+        return value.nbytes
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    return 0
+
+
+def _warn_if_large(values: dict[str, Any]) -> None:
+    import warnings
+
+    size = sum(_nbytes(v) for v in values.values())
+    if size > LARGE_PUSH_BYTES:
+        warnings.warn(
+            f"%ddp push of {size / 2**20:,.0f} MiB: it is pickled through each rank's pipe, tens of seconds per GiB "
+            "and about twice its size more memory in the kernel and in each rank; for data that large, save it to a "
+            "file (torch.save) and load it in a %%ddp cell",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 def _ranks(text: str | None, world_size: int) -> list[int] | None:
     from IPython.core.error import UsageError
 
@@ -187,6 +216,7 @@ class _DDP:
             if missing:
                 raise NameError(f"%ddp push: not defined in the kernel: {', '.join(missing)}")
             values = {name: self.shell.user_ns[name] for name in rest}
+            _warn_if_large(values)
             self.cluster().run(push, values)
             return None
         if command == "pull":

@@ -1,5 +1,6 @@
 """Checkpoint and resume: the safe format, the hook-state protocol, and resuming bit for bit."""
 
+import json
 import math
 import pickle
 import time
@@ -349,3 +350,36 @@ def test_a_full_disk_is_named_and_leaves_no_partial_file(tmp_path, monkeypatch):
     with pytest.raises(checkpoint.CheckpointError, match=r"x\.json \(the disk is full\)"):
         checkpoint._write_whole(tmp_path / "x.json", no_space)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (("run.json", "world_size", "abc"), r"run\.json: world_size must be a whole number >= 1, found 'abc'"),
+        (("run.json", "step", "x"), r"run\.json: step must be a whole number >= 0, found 'x'"),
+        (("run.json", "step", -2), r"run\.json: step must be a whole number >= 0, found -2"),
+        (("run.json", "config", []), r"run\.json: config must be the run's settings, found list"),
+        (("rank1.json", "step", 5), r"rank1\.json says step 5, run\.json step 4: the ranks would resume at different"),
+    ],
+)
+def test_a_hand_edited_checkpoint_is_refused_before_ranks_start(tmp_path, edit, says):
+    """rank1.json's step 4 -> 5 used to hang 30 s and be blamed on a collective; step -2 in run.json was accepted."""
+    config = ExperimentConfig(steps=10)
+    _fake_checkpoint(tmp_path, config)
+    name, field, value = edit
+    document = json.loads((tmp_path / name).read_text())
+    if name == "run.json":
+        document[field] = value
+    else:
+        document["tree"]["dict"] = [[k, {"value": value} if k == field else v] for k, v in document["tree"]["dict"]]
+    (tmp_path / name).write_text(json.dumps(document))
+    with pytest.raises(checkpoint.CheckpointError, match=says):
+        config.replace(resume_from=tmp_path).check()
+
+
+def test_a_checkpoint_dir_that_is_a_file_is_named(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    for folder in (tmp_path / "notes.txt", tmp_path / "notes.txt" / "ckpt"):
+        with pytest.raises(checkpoint.CheckpointError, match="is a file, or inside one: give a folder"):
+            ExperimentConfig(steps=10, checkpoint_at=3, checkpoint_dir=folder).check()
+    assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -58,6 +58,17 @@ def test_a_future_that_never_completes_is_told_apart_from_a_missing_rank():
     assert "a hook's Future that is never completed" in str(info.value)
 
 
+def test_a_rendezvous_folder_removed_under_the_ranks_is_named():
+    import shutil
+
+    with Cluster(world_size=2, timeout_s=10) as cluster:
+        assert cluster.run(_launcher_workers.sum_in_a_new_group) == [2.0, 2.0]
+        shutil.rmtree(cluster._store[0].folder)  # a temp cleaner, or a learner tidying /tmp
+        with pytest.raises(WorkerError, match="rendezvous folder .* was removed while they ran"):
+            cluster.run(_launcher_workers.sum_in_a_new_group)
+        assert cluster.run(_launcher_workers.sum_in_a_new_group) == [2.0, 2.0]  # new ranks, a new folder
+
+
 def test_the_rank_servers_death_is_named():
     with Cluster(world_size=2, timeout_s=10, start_method="forkserver") as cluster:
         server = cluster._server.pid

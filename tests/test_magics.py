@@ -116,6 +116,23 @@ def test_bad_magic_arguments_are_usage_errors_and_the_ranks_stay(shell, capsys):
     assert "[rank 1]\n1" in capsys.readouterr().out and _rank_pids() == pids
 
 
+def test_a_large_push_says_what_it_costs_before_it_starts(monkeypatch):
+    import torch
+
+    from commhooks_lab import magics
+
+    monkeypatch.setattr(magics, "LARGE_PUSH_BYTES", 1 << 20)
+    with pytest.warns(RuntimeWarning, match=r"%ddp push of 4 MiB: it is pickled through each rank.s pipe"):
+        magics._warn_if_large({"big": torch.zeros(4 << 20, dtype=torch.uint8), "small": 3})
+    with pytest.warns(RuntimeWarning, match="push of 4 MiB"):
+        magics._warn_if_large({"parts": [torch.zeros(1 << 19), {"x": torch.zeros(1 << 19)}]})  # 4 MiB in a list
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        magics._warn_if_large({"small": torch.zeros(100), "text": "x" * 10})
+
+
 def test_a_cell_that_changes_what_later_runs_need_is_named(shell, capsys):
     cell(shell, "torch.set_default_dtype(torch.float64)")
     assert "set torch's default dtype to torch.float64" in capsys.readouterr().out

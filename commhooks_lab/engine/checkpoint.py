@@ -134,7 +134,10 @@ def private_folder(folder: str | Path) -> Path:
     read, or plant a link where we write: so it must be ours, not group- or world-writable, and not a link.
     """
     folder = Path(folder)
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise CheckpointError(f"checkpoint folder {folder} is a file, or inside one: give a folder") from None
     info = os.lstat(folder)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         raise CheckpointError(f"checkpoint folder {folder} is a link or not a folder: use a folder of your own")
@@ -345,7 +348,21 @@ def read_run(folder: str | Path) -> dict:
     meta = _read_json(path)
     if not isinstance(meta, dict) or not {"config", "step", "world_size"} <= set(meta):
         raise CheckpointError(f"{path} is not a lab checkpoint's {RUN_FILE}: save the checkpoint again")
+    for name, least in (("world_size", 1), ("step", 0)):
+        value = meta[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise CheckpointError(
+                f"{path}: {name} must be a whole number >= {least}, found {value!r} (edited by hand?)"
+            )
+    if not isinstance(meta["config"], dict):
+        raise CheckpointError(f"{path}: config must be the run's settings, found {type(meta['config']).__name__}")
     return meta
+
+
+def _saved_step(document: Any) -> Any:
+    """The ``step`` a rank's JSON file records (None if it has none where save_checkpoint puts it)."""
+    items = document.get("tree", {}).get("dict", []) if isinstance(document, dict) else []
+    return next((item[1].get("value") for item in items if isinstance(item, list) and item[:1] == ["step"]), None)
 
 
 def check_files(folder: str | Path) -> dict:
@@ -371,6 +388,11 @@ def check_files(folder: str | Path) -> dict:
             found = content.get("save_id") if path.suffix == ".json" else _save_id_of_tensors(content)
             if found != save_id:
                 mixed.append(path.name)
+            elif path.suffix == ".json" and _saved_step(content) != meta["step"]:
+                raise CheckpointError(
+                    f"{path} says step {_saved_step(content)!r}, {RUN_FILE} step {meta['step']}: the ranks would "
+                    "resume at different steps and wait for each other. Save the checkpoint again"
+                )
     if missing:
         raise CheckpointError(
             f"checkpoint {folder} is incomplete: {', '.join(missing)} missing (written with "

@@ -10,6 +10,7 @@ and turns a hang into an error naming the rank the others waited for.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import pickle
@@ -502,8 +503,20 @@ class Cluster:
                 hang = self._hang(watch, sorted(pending), timeout_s, failures, watchdog=False)
                 if hang is not None:
                     raise hang
-            raise WorkerError(first, others)
+            raise WorkerError(self._rendezvous_gone(first), others)
         return results
+
+    def _rendezvous_gone(self, failure: RankFailure) -> RankFailure:
+        """``failure``, explained if the ranks' rendezvous folder was removed under them (their store then fails
+        with a bare "No such file or directory")."""
+        gone = [r.folder for r in self._store if not os.path.isdir(r.folder)]
+        if not gone or failure.detail:
+            return failure
+        detail = (
+            f"the ranks' rendezvous folder {gone[0]} was removed while they ran (by hand, or a temp-folder cleaner), "
+            "and their store's file with it; the next run starts new ranks with a new one"
+        )
+        return dataclasses.replace(failure, detail=detail)
 
     def _death(self, rank: int, phase: str) -> RankFailure:
         """A rank that ended without a Python exception: how, and what it last wrote to stderr."""
