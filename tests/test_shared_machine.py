@@ -307,25 +307,29 @@ def test_another_account_cannot_hijack_the_ranks_gloo_pairs(two_accounts):
     attacker.stdin.write("done\n")
     attacker.stdin.flush()
     seen = _report(attacker, timeout_s=30)
+    print(f"\nlearner: {runs}\nattacker: {seen}")  # the figures of the attack (-s shows them)
     assert runs["uid"] == LEARNER and seen["uid"] == NOBODY
     assert seen["listeners"] == 0, f"another account found {seen['listeners']} of the ranks' listeners: {seen}"
     _same_run_every_time(runs["runs"])
 
 
 def test_another_account_cannot_fill_a_ranks_file_descriptors(two_accounts):
-    """H2: the attacker connects 1,100 times to each of the learner's listeners, sends 8 bytes and closes; gloo
-    keeps every unmatched socket, so on the loopback a rank at the common 1,024-fd limit aborts. In the private
-    network the ranks' fds stay flat and the warm Cluster lives on."""
+    """H2: while the learner's ranks start, the attacker connects 1,100 times to each of their listeners, sends 8
+    bytes and closes; gloo keeps every unmatched socket, so on the loopback a rank at the common 1,024-fd limit
+    aborts. In the private network the ranks' fds stay at their usual count and the warm Cluster lives on."""
+    attacker = two_accounts("attacker", "flood", str(LEARNER), "120")
     learner = two_accounts("learner", "flood")
-    assert learner.stdout.readline().strip() == "ready", learner.stderr.read()[-3000:]
-    attacker = two_accounts("attacker", "flood", str(LEARNER), "3")
+    ready = learner.stdout.readline().strip()
+    attacker.stdin.write("done\n")
+    attacker.stdin.flush()
     seen = _report(attacker, timeout_s=60)
+    assert ready == "ready", f"the ranks did not start under the attack: {seen}; " + learner.stderr.read()[-3000:]
     learner.stdin.write("go\n")
     learner.stdin.flush()
     runs = _report(learner)
+    print(f"\nlearner: {runs}\nattacker: {seen}")
     assert seen["uid"] == NOBODY and runs["private"], "the ranks do not have a network namespace of their own"
     assert seen["listeners"] == 0, f"another account found {seen['listeners']} of the ranks' listeners: {seen}"
     _same_run_every_time(runs["runs"])
     assert runs["starts"] == 1 and runs["fds_after"] is not None, "a rank died under the attack"
-    grown = [after - before for after, before in zip(runs["fds_after"], runs["fds_before"])]
-    assert max(grown) <= 2, (runs["fds_before"], runs["fds_after"])
+    assert max(runs["fds_before"] + runs["fds_after"]) <= 64, (runs["fds_before"], runs["fds_after"])

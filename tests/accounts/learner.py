@@ -1,9 +1,9 @@
 """A learner's runs, played by an unprivileged account while another one attacks (see ``gloo_attacker.py``).
 
-argv: mode. ``hijack``: four fresh Clusters, one short fp16 run each. ``flood``: one warm Cluster, a run, then
-"ready" on stdout; after a line on stdin (the attack is over), another run. Prints one JSON line: each run's
-parameter digest or error and seconds, the ranks' open fds before and after, starts, and whether the ranks
-were in a network namespace of their own.
+argv: mode. ``hijack``: four fresh Clusters, one short fp16 run each. ``flood``: one warm Cluster (started
+while the attacker floods), a run, then "ready" on stdout; after a line on stdin (the attack is over), another
+run. Prints one JSON line: each run's parameter digest or error and seconds, the ranks' open fds before and
+after, starts, and whether the ranks were in a network namespace of their own.
 """
 
 import json
