@@ -383,3 +383,14 @@ def test_a_checkpoint_dir_that_is_a_file_is_named(tmp_path):
         with pytest.raises(checkpoint.CheckpointError, match="is a file, or inside one: give a folder"):
             ExperimentConfig(steps=10, checkpoint_at=3, checkpoint_dir=folder).check()
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_an_optimizer_state_of_another_shape_is_named_not_a_broadcast_error(cluster, tmp_path):
+    folder = tmp_path / "ckpt"
+    lab.run(**SMALL, optimizer="adam", checkpoint_at=3, checkpoint_dir=folder, cluster=cluster)
+    tensors = torch.load(folder / "rank1.pt", weights_only=True)
+    key = next(k for k, t in tensors.items() if k.startswith("/optimizer/state/") and t.dim() > 0)
+    tensors[key] = torch.zeros(tensors[key].numel() + 1)  # one number more, as a hand edit would leave it
+    torch.save(tensors, folder / "rank1.pt")
+    with pytest.raises(WorkerError, match=r"rank 1 raised CheckpointError: .*rank1\.pt: the optimizer's '\w+' for"):
+        lab.run(**SMALL, optimizer="adam", resume_from=folder, cluster=cluster)

@@ -40,6 +40,7 @@ __all__ = [
     "load_rank",
     "load_tree",
     "private_folder",
+    "rank_file",
     "read_run",
     "commit",
     "discard",
@@ -323,6 +324,11 @@ def load_hook_state(state: Any, saved: Any, parameters: list | None = None) -> N
 
 def _rank_stem(folder: str | Path, rank: int) -> Path:
     return Path(folder) / f"rank{rank}"
+
+
+def rank_file(folder: str | Path, rank: int) -> Path:
+    """The file that holds a rank's tensors (its model, optimizer and hook state)."""
+    return _rank_stem(folder, rank).with_suffix(".pt")
 
 
 def stage_rank(folder: str | Path, rank: int, tree: dict, save_id: str) -> list[Path]:

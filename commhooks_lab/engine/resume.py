@@ -99,6 +99,7 @@ def resume_rank(ctx, config: ExperimentConfig, setup, task, probe, loss_fn) -> t
     _rebuild_buckets(setup, task, probe, loss_fn, first)
     task.model.load_state_dict(saved["model"])
     setup.optimizer.load_state_dict(saved["optimizer"])
+    _check_optimizer_shapes(setup.optimizer, checkpoint.rank_file(folder, ctx.rank))
     if saved["probe"] is not None:
         probe.load_state_dict(saved["probe"])
     params = list(task.model.parameters())
@@ -108,6 +109,19 @@ def resume_rank(ctx, config: ExperimentConfig, setup, task, probe, loss_fn) -> t
     notes = [_resume_note(config, start, saved)]
     meta = checkpoint.read_run(folder) if ctx.is_main else {}  # the rows measured so far: rank 0 reports them
     return start, meta.get("steps", []), meta.get("layers", []), notes
+
+
+def _check_optimizer_shapes(optimizer, where: Path) -> None:
+    """Every per-parameter tensor of the loaded optimizer state has its parameter's shape: load_state_dict takes
+    any shape, and a wrong one (a hand-edited file, another model's) failed later as a bare broadcast error."""
+    for group in optimizer.param_groups:
+        for position, param in enumerate(group["params"]):
+            for key, value in optimizer.state.get(param, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                    raise checkpoint.CheckpointError(
+                        f"{where}: the optimizer's {key!r} for parameter {position} has shape {tuple(value.shape)}, "
+                        f"the parameter {tuple(param.shape)} (edited by hand, or another model's): save it again"
+                    )
 
 
 def _resume_note(config: ExperimentConfig, start: int, saved: dict) -> str:
