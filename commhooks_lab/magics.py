@@ -8,10 +8,12 @@
   backward through its model is a step, and after the cell rank 0 shows every step recorded so far, measured as
   ``lab.run`` measures (``rel_error``, ``cosine``, ``rank_spread``, bytes); ``measured`` holds them (a DataFrame).
   Output is labelled by rank, and ranks that print the same are shown once. A rank whose cell raises prints its
-  traceback, named, and the cell fails; the other ranks' namespaces are kept. A cell that hangs (a collective some
-  rank never joins) ends with the launcher's ``WorkerTimeoutError``, ``--timeout`` S plus about 5 s after the
-  ranks' last sign of life (``WATCHDOG_MARGIN_S``: gloo's own timeout gets to report first); that, and an
-  interrupt (Ctrl-C), stop the ranks, so their namespaces are gone and the next cell starts fresh ones;
+  traceback, named, and the cell fails; every namespace is kept (a ``SyntaxError`` or ``sys.exit()`` too;
+  ``os.fork()`` is refused). Only a cell that destroys the process group restarts the ranks, and says so. A cell
+  that hangs (a collective some rank never joins) ends with the launcher's ``WorkerTimeoutError``, ``--timeout`` S
+  plus about 5 s after the ranks' last sign of life (``WATCHDOG_MARGIN_S``: gloo's own timeout gets to report
+  first); that, and an interrupt (Ctrl-C), stop the ranks, so their namespaces are gone and the next cell starts
+  fresh ones;
 - ``%ddp push NAME ...`` / ``%ddp pull NAME [--rank R]``: copy picklable values into every rank / back (a list in
   rank order, or rank R's value);
 - ``%ddp reset`` forgets the namespaces (the ranks stay); ``%ddp stop`` stops the ranks; ``%ddp status``.

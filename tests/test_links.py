@@ -140,8 +140,8 @@ def _fan_in(ctx, floats: int) -> float:
 
 @needs_links
 def test_each_rank_sends_and_receives_at_the_set_rate():
-    """The wire rate holds on every rank (the bench shows it within 5 %); what a rank *receives* is limited too:
-    two ranks sending to the third at once share its one link."""
+    """The wire rate holds on every rank (at 100 Mbit/s the bench measures it within 2 %); what a rank *receives* is
+    limited too: two ranks sending to the third at once share its one link."""
     rate = 100e6
     with Cluster(3, link="100mbit") as cluster:
         rows = cluster.run(_qdisc_rate, 1_250_000)  # 5 MB
