@@ -66,6 +66,16 @@ def test_no_hook_is_measured_through_allreduce_hook(basic):
     assert no.final["param_digests"] == basic.by_name("allreduce").final["param_digests"]
 
 
+@pytest.mark.parametrize("world_size, same", [(2, True), (3, False), (4, True)])
+def test_allreduce_hook_is_the_builtin_reduction_bit_for_bit_only_at_a_power_of_two(world_size, same):
+    """DDP's reducer multiplies each bucket by 1/W (``mul_out(bucket_view, grad, 1/div_factor)``); allreduce_hook
+    divides by W. The two round alike when 1/W is exact, i.e. W a power of two; at W = 3 the last bits differ."""
+    with lab.Cluster(world_size=world_size) as cluster:
+        builtin, hook = lab.compare(["no", "allreduce"], steps=3, measure=False, world_size=world_size, cluster=cluster)
+    assert builtin.ranks_agree and hook.ranks_agree
+    assert (builtin.final["param_digests"] == hook.final["param_digests"]) is same
+
+
 def analytic_powersgd_bytes(model: str, rank: int, min_rate: float = 2) -> int:
     """(n + m) r 4 bytes per matrix PowerSGD compresses, 4 numel for everything else."""
     total = 0

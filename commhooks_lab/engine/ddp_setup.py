@@ -57,7 +57,9 @@ def hook_notes(config: ExperimentConfig, choice: HookChoice, hook, refusal: str 
     if hook is None and config.measure:
         notes.append(
             "no: DDP's built-in allreduce runs in C++ where Python cannot see it; the probe measured it "
-            "through allreduce_hook, which gives bit-identical gradients."
+            "through allreduce_hook, which divides the sum by the world size where the reducer multiplies by its "
+            "inverse: the same gradients bit for bit when the world size is a power of two, last-bit differences "
+            "otherwise."
         )
     return notes
 
