@@ -146,6 +146,12 @@ def test_the_outer_step_exercise_on_its_three_paths():
 
     assert ex.check_outer_step(written_differently).status == RIGHT
 
+    def hard_coded(global_params, local_params, buffers, lr=0.7, momentum=0.9):
+        ex.outer_step(global_params, local_params, buffers)  # the paper's 0.7 and 0.9, whatever it is given
+
+    outcome = ex.check_outer_step(hard_coded)
+    assert outcome.status == WRONG and "use the lr and momentum your function is given" in outcome.message
+
 
 def test_warm_runs_of_post_local_sgd_leave_no_process_groups_behind(cluster):
     """Its subgroups of one rank are made once per process group: a group per run added fds and threads to every

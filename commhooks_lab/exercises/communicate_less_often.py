@@ -1,6 +1,7 @@
 """Notebook 11's exercise: write DiLoCo's outer step. The check runs it on fixed pseudo-gradients of three ranks
 for three outer steps and tells apart the usual slips: averaging the parameters (local SGD's step, not DiLoCo's),
-the pseudo-gradient's sign, plain momentum instead of Nesterov's, and no momentum at all."""
+the pseudo-gradient's sign, plain momentum instead of Nesterov's, no momentum at all, and the paper's lr and
+momentum hard-coded (it runs with two settings)."""
 
 from __future__ import annotations
 
@@ -75,11 +76,17 @@ def _inputs() -> tuple[list, list]:
     return global_params, ranks
 
 
-def _run(fn: Callable, rounds: int = 3) -> list:
+#: The outer learning rate and momentum the check uses: the paper's, and another pair (a step that hard-codes the
+#: paper's values passes the first only).
+SETTINGS = ((0.7, 0.9), (0.3, 0.5))
+
+
+def _run(fn: Callable, lr: float, momentum: float, rounds: int = 3) -> list:
     global_params, ranks = _inputs()
     buffers = [torch.zeros_like(p) for p in global_params]
     for r in range(rounds):  # each round the ranks end their inner steps at other points
-        fn(global_params, [[p - 0.01 * (r + 1) * (k + 1) for p in rank] for k, rank in enumerate(ranks)], buffers)
+        local = [[p - 0.01 * (r + 1) * (k + 1) for p in rank] for k, rank in enumerate(ranks)]
+        fn(global_params, local, buffers, lr=lr, momentum=momentum)
     return global_params
 
 
@@ -88,13 +95,23 @@ def _close(a: list, b: list) -> bool:
 
 
 def _verify(fn: Callable) -> str | None:
-    got, want = _run(fn), _run(outer_step)
-    if _close(got, want):
-        return None
-    for hint, slip in _SLIPS:
-        if _close(got, _run(slip)):
-            return hint
-    return "after three outer steps θ_global is not the reference's: Δ, then b = m b + Δ, then θ -= lr (Δ + m b)."
+    for lr, momentum in SETTINGS:
+        got = _run(fn, lr, momentum)
+        if _close(got, _run(outer_step, lr, momentum)):
+            continue
+        for hint, slip in _SLIPS:
+            if _close(got, _run(slip, lr, momentum)):
+                return hint
+        if (lr, momentum) != SETTINGS[0] and _close(got, _run(outer_step, *SETTINGS[0])):
+            return (
+                f"Right with lr=0.7 and momentum=0.9, wrong with lr={lr} and momentum={momentum}: use the lr and "
+                "momentum your function is given, not the paper's values."
+            )
+        return (
+            f"after three outer steps (lr={lr}, momentum={momentum}) θ_global is not the reference's: Δ, then "
+            "b = m b + Δ, then θ -= lr (Δ + m b)."
+        )
+    return None
 
 
 def check_outer_step(attempt: Any) -> Outcome:
@@ -103,5 +120,6 @@ def check_outer_step(attempt: Any) -> Outcome:
         "outer_step",
         attempt,
         _verify,
-        "Three outer steps on three ranks' pseudo-gradients, as torch.optim.SGD(nesterov=True) would take them.",
+        "Three outer steps on three ranks' pseudo-gradients, as torch.optim.SGD(nesterov=True) would take them, "
+        "with two settings of lr and momentum.",
     )
