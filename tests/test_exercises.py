@@ -240,6 +240,10 @@ def added_up(seed, rank, step, bucket_index):  # rank 1 at step 0 collides with 
     return torch.Generator().manual_seed(seed + rank + step + bucket_index)
 
 
+def packed_digits(seed, rank, step, bucket_index):  # rank 0's bucket 10 is rank 1's bucket 0 (GPT-2 has 13)
+    return torch.Generator().manual_seed(seed * 100000 + step * 100 + rank * 10 + bucket_index)
+
+
 def ignores_the_seed(seed, rank, step, bucket_index):
     return torch.Generator().manual_seed(hash((rank, step, bucket_index)) % 2**63)
 
@@ -287,6 +291,7 @@ def test_rounding_generator_not_attempted_hands_on_the_reference(cluster, capsys
         (rank_but_not_step, "Mix the step into the seed"),
         (no_bucket, "Mix the bucket index into the seed"),
         (added_up, "seed + rank + step does"),
+        (packed_digits, "drew the same noise: your seed gives both the same number"),
         (ignores_the_seed, "seed 1 drew the same noise as seed 0"),
         (also_seeds_the_global_one, "changes torch's global generator"),
         (returns_the_seed, "return a torch.Generator"),

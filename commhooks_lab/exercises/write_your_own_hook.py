@@ -243,8 +243,10 @@ def check_ef_prediction(prediction: Any, with_ef, without_ef) -> Outcome:
 
 # -- exercise 5: noise of each rank's own, new every step, the same in every run -----------------------------
 
-#: The grid the check asks for: two seeds, every rank, four steps, two buckets; four draws per generator.
-NOISE_SEEDS, NOISE_STEPS, NOISE_BUCKETS, NOISE_DRAWS = (0, 1), 4, 2, 4
+#: The grid the check asks for: two seeds, every rank, steps and buckets both small and large (GPT-2 has 13 buckets,
+#: and a run thousands of steps: a seed made of digits, such as seed*100000 + step*100 + rank*10 + bucket, gives
+#: rank 0's bucket 10 rank 1's bucket 0), four draws per generator.
+NOISE_SEEDS, NOISE_STEPS, NOISE_BUCKETS, NOISE_DRAWS = (0, 1), (0, 1, 2, 3, 100, 1000), (0, 1, 10, 12), 4
 
 
 @reference("rounding_generator")
@@ -279,7 +281,7 @@ def _noise_grid(fn, seed: int, keys: list) -> dict:
 
 def _noise_job(ctx, fn) -> dict:
     """Worker: every seed's grid in order, then in reverse order (a resumed run asks for a late step first)."""
-    keys = [(step, bucket) for step in range(NOISE_STEPS) for bucket in range(NOISE_BUCKETS)]
+    keys = [(step, bucket) for step in NOISE_STEPS for bucket in NOISE_BUCKETS]
     out: dict[Any, dict] = {}
     try:
         for seed in NOISE_SEEDS:
