@@ -87,6 +87,58 @@ def test_latency_bound_bytes_right_answers_pass():
     assert payoff.check_latency_bound_bytes(payoff.latency_bound_bytes).status == RIGHT
 
 
+# -- part b: the all-reduce's time, which a reduce-scatter-only model gets wrong ------------------------------
+
+
+def reduce_scatter_only(w, a, b, n):  # part a cannot tell it apart: it has the right n*
+    return (w - 1) * a * 1e-6 + (w - 1) / w * n * 8 / (b * 1e9)
+
+
+def ring_time(w, a, b, n):  # written another way
+    alpha, beta = a / 1e6, b * 1e9 / 8
+    return 2 * (w - 1) * (alpha + n / w / beta)
+
+
+@pytest.mark.parametrize(
+    "attempt, hint",
+    [
+        (reduce_scatter_only, "that is a reduce-scatter alone"),
+        (lambda w, a, b, n: a * 1e-6 + n * 8 / (b * 1e9), "that is one message"),
+        (lambda w, a, b, n: 2 * (w - 1) * (a * 1e-6 + n * 8 / (b * 1e9)), "each ring step moves one chunk"),
+        (lambda w, a, b, n: a * 1e-6 + 2 * (w - 1) / w * n * 8 / (b * 1e9), "the latency is paid once"),
+        (lambda w, a, b, n: 2 * (w - 1) * a * 1e-6 + 2 * (w - 1) / w * n / (b * 1e9), "counts bits"),
+        (lambda w, a, b, n: 2 * (w - 1) * a + 2 * (w - 1) / w * n * 8 / (b * 1e9), "latency_us is in microseconds"),
+        (lambda w, a, b, n: 2 * (w - 1) * a * 1e-6, "write the latency term and the bandwidth term"),
+        (lambda w, a, b, n: 8.3e-5, "write the latency term and the bandwidth term"),  # a constant
+    ],
+)
+def test_allreduce_seconds_wrong_attempts_get_their_hint(attempt, hint):
+    outcome = payoff.check_allreduce_seconds(attempt)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+    assert outcome.value is payoff.allreduce_seconds
+
+
+def test_allreduce_seconds_right_answers_pass_and_the_reference_is_the_labs_model(capsys):
+    def stub_b(w, a, b, n):
+        raise NotImplementedError
+
+    assert payoff.check_allreduce_seconds(stub_b).status == NOT_ATTEMPTED
+    assert payoff.check_allreduce_seconds(ring_time).status == RIGHT
+    for w, a, b, n in payoff._TIME_CASES:
+        t = {"allreduce_bytes": n, "allgather_bytes": 0.0, "allreduce_calls": 1, "allgather_calls": 0}
+        assert math.isclose(payoff.allreduce_seconds(w, a, b, n), netmodel.comm_seconds(t, w, b, a), rel_tol=1e-12)
+    # the reduce-scatter-only model passes part a: that is why part b exists
+    n_star = [(w, a, b) for w, a, b, _ in payoff._TIME_CASES]
+    assert all(
+        math.isclose(
+            payoff.latency_bound_bytes(w, a, b),
+            (w - 1) * a * 1e-6 / ((w - 1) / w * 8 / (b * 1e9)),
+            rel_tol=1e-9,
+        )
+        for w, a, b in n_star
+    )
+
+
 def test_a_latency_bound_bytes_may_return_a_tensor_but_must_return_a_number():
     import torch
 

@@ -10,6 +10,8 @@ from typing import Any
 from . import Outcome, check_function, check_prediction, reference
 
 __all__ = [
+    "allreduce_seconds",
+    "check_allreduce_seconds",
     "check_crossing_prediction",
     "check_latency_bound_bytes",
     "crossing_world_size",
@@ -134,6 +136,89 @@ def check_latency_bound_bytes(attempt) -> Outcome:
         "network model has it at every world size. It grows with W: the ring pays the latency 2(W-1) times but "
         "moves only 2(W-1)/W of the payload over each link. At 8 ranks, 5 us and 10 Gbit/s n* is 50,000 B, more "
         "than the digits CNN's 39,720-byte fp32 all-reduce: its latency term is the larger one.",
+    )
+
+
+# -- exercise 1b: the time itself, where a reduce-scatter alone no longer gives the right answer -------------
+
+
+@reference("allreduce_seconds")
+def allreduce_seconds(world_size: int, latency_us: float, bandwidth_gbps: float, payload_bytes: float) -> float:
+    """One ring all-reduce of ``payload_bytes`` in the alpha-beta model: 2(W-1) alpha + 2(W-1)/W n / beta."""
+    steps = 2 * (world_size - 1)
+    return steps * latency_us * 1e-6 + steps / world_size * payload_bytes * 8 / (bandwidth_gbps * 1e9)
+
+
+#: (world size, latency in microseconds, bandwidth in Gbit/s, payload in bytes)
+_TIME_CASES = tuple((w, a, b, n) for w, a, b in _LATENCY_CASES for n in (0.0, 39_720.0, 4.5e6))
+
+
+def _time_slips() -> list[tuple[str, Any]]:
+    """Plausible wrong models, each with the hint that names its mistake (all give the right n* of part a but the
+    first two, so part a cannot tell them from the right one)."""
+
+    def bits(w, a, b, n):
+        return 2 * (w - 1) * a * 1e-6 + 2 * (w - 1) / w * n / (b * 1e9)
+
+    return [
+        (
+            "that is a reduce-scatter alone, half of an all-reduce: a ring all-reduce is a reduce-scatter and then "
+            "an all-gather, and both pay W-1 latencies and move (W-1)/W of the payload over each link.",
+            lambda w, a, b, n: (w - 1) * a * 1e-6 + (w - 1) / w * n * 8 / (b * 1e9),
+        ),
+        (
+            "that is one message, alpha + n / beta: a ring takes 2(W-1) steps, each paying alpha and moving one "
+            "chunk of n / W over each link.",
+            lambda w, a, b, n: a * 1e-6 + n * 8 / (b * 1e9),
+        ),
+        (
+            "each ring step moves one chunk, n / W, not the whole payload: the bytes over each link are 2(W-1)/W n.",
+            lambda w, a, b, n: 2 * (w - 1) * (a * 1e-6 + n * 8 / (b * 1e9)),
+        ),
+        (
+            "the latency is paid once here: the ring pays alpha at each of its 2(W-1) steps.",
+            lambda w, a, b, n: a * 1e-6 + 2 * (w - 1) / w * n * 8 / (b * 1e9),
+        ),
+        ("bandwidth_gbps counts bits, and the payload is in bytes: 8 bits to a byte.", bits),
+        (
+            "latency_us is in microseconds: 1e-6 s each.",
+            lambda w, a, b, n: 2 * (w - 1) * a + 2 * (w - 1) / w * n * 8 / (b * 1e9),
+        ),
+    ]
+
+
+def _verify_allreduce_seconds(fn) -> str | None:
+    got = []
+    for case in _TIME_CASES:
+        returned = fn(*case)
+        try:
+            got.append(float(returned))
+        except (TypeError, ValueError):
+            return f"allreduce_seconds{case} returned {returned!r}: return a number of seconds."
+
+    def matches(model) -> bool:
+        return all(math.isclose(g, model(*case), rel_tol=1e-9, abs_tol=1e-15) for g, case in zip(got, _TIME_CASES))
+
+    if matches(allreduce_seconds):
+        return None
+    for hint, slip in _time_slips():
+        if matches(slip):
+            return hint
+    w, a, b, n = _TIME_CASES[-4]
+    return (
+        f"allreduce_seconds({w}, {a}, {b}, {n:g}) returned {float(fn(w, a, b, n)):.6g} s, the lab's model "
+        f"{allreduce_seconds(w, a, b, n):.6g} s: write the latency term and the bandwidth term and add them."
+    )
+
+
+def check_allreduce_seconds(attempt) -> Outcome:
+    """``allreduce_seconds(world_size, latency_us, bandwidth_gbps, payload_bytes)`` against the alpha-beta model."""
+    return check_function(
+        "allreduce_seconds",
+        attempt,
+        _verify_allreduce_seconds,
+        "2(W-1) alpha + 2(W-1)/W x n / beta: two passes (reduce-scatter, all-gather), each of W-1 steps that pay "
+        "alpha and move n / W over each link. A reduce-scatter alone takes half of it and has the same n*.",
     )
 
 
