@@ -137,3 +137,13 @@ def sum_in_a_new_group(ctx):
     total = torch.ones(1)
     dist.all_reduce(total, group=group)
     return total.item()
+
+
+def busy_then_answer(ctx, seconds, every_s, speak):
+    """A rank busy for ``seconds`` with no step to report (as while compiling), saying it is alive or not."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if speak:
+            ctx.alive()
+        time.sleep(every_s)
+    return "done"

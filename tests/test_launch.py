@@ -232,6 +232,21 @@ def test_a_run_in_which_a_rank_never_joins_the_hooks_collective_names_it(stall_e
     assert "no rank has gone past step 2 for 1 s" in capsys.readouterr().err
 
 
+def test_a_busy_rank_that_says_it_is_alive_is_not_timed_out_and_one_that_says_nothing_is(capfd):
+    """ctx.alive() (what a compiling rank sends) restarts the silence timeout and claims no step, so the notebook
+    prints no stall report; the same wait without it ends in a WorkerTimeoutError."""
+    from commhooks_lab.launcher.cluster import WATCHDOG_MARGIN_S
+
+    seconds, timeout_s = 2 + WATCHDOG_MARGIN_S + 4, 2
+    assert launch(_launcher_workers.busy_then_answer, seconds, 0.5, True, world_size=2, timeout_s=timeout_s) == [
+        "done",
+        "done",
+    ]
+    assert "has not reached step" not in capfd.readouterr().err
+    with pytest.raises(WorkerTimeoutError):
+        launch(_launcher_workers.busy_then_answer, seconds, 0.5, False, world_size=2, timeout_s=timeout_s)
+
+
 def test_heartbeats_extend_the_timeout_of_a_long_run():
     from commhooks_lab.launcher.cluster import WATCHDOG_MARGIN_S
 

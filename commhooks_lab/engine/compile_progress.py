@@ -4,8 +4,8 @@
 machine compiling the first step of notebook 10's ``compiled_autograd`` run took more than 30 s: the run ended
 in a ``WorkerTimeoutError`` although nothing hung. Dynamo calls its compile-start and compile-end callbacks
 (``torch._dynamo.callback_handler``) around every compilation; between the two a thread sends this rank's
-heartbeat every :data:`BEAT_S` seconds. A hang outside compilation (a hook's collective that a rank never
-joins) stays silent and still times out.
+sign of life (``ctx.alive()``: it claims no step, so no rank is reported behind) every :data:`BEAT_S` seconds.
+A hang outside compilation (a hook's collective that a rank never joins) stays silent and still times out.
 """
 
 from __future__ import annotations
@@ -22,17 +22,16 @@ BEAT_S = 5.0
 
 
 class CompileProgress:
-    """The step a rank is on (its training loop sets ``step``) and whether Dynamo is compiling now."""
+    """Whether Dynamo is compiling now, and how many signs of life were sent."""
 
     def __init__(self) -> None:
-        self.step = 0
         self.compiling = threading.Event()
-        self.beats = 0  # heartbeats sent while compiling (tests read it)
+        self.beats = 0  # signs of life sent while compiling (tests read it)
 
 
 @contextlib.contextmanager
 def beating(ctx: Any, every_s: float = BEAT_S) -> Iterator[CompileProgress]:
-    """For the duration: heartbeats every ``every_s`` seconds while Dynamo compiles, none otherwise."""
+    """For the duration: a sign of life (``ctx.alive()``) every ``every_s`` s while Dynamo compiles, none otherwise."""
     import torch._dynamo
 
     progress = CompileProgress()
@@ -51,7 +50,7 @@ def beating(ctx: Any, every_s: float = BEAT_S) -> Iterator[CompileProgress]:
     def beat() -> None:
         while not stop.wait(every_s):
             if progress.compiling.is_set():
-                ctx.heartbeat(progress.step)
+                ctx.alive()
                 progress.beats += 1
 
     handler.register_start_callback(started)

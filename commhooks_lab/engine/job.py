@@ -60,11 +60,11 @@ def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = No
 
     torch._dynamo.reset()  # a warm rank's earlier compiled runs leave no graphs behind
     switch = _compat.optimize_ddp("python_reducer" if config.compile == "compiled_autograd" else "ddp_optimizer")
-    with switch, quiet_dynamo(), compile_progress.beating(ctx) as progress:
-        return _train(ctx, config, choice, progress)
+    with switch, quiet_dynamo(), compile_progress.beating(ctx):
+        return _train(ctx, config, choice)
 
 
-def _train(ctx, config: ExperimentConfig, choice: HookChoice, progress=None) -> dict:
+def _train(ctx, config: ExperimentConfig, choice: HookChoice) -> dict:
     task = build_task(config.model, config.seed)
     task.model.to(ctx.device)
     probe = Probe(list(task.model.named_parameters()), ctx.world_size, ctx.rank, measure=config.measure)
@@ -90,8 +90,6 @@ def _train(ctx, config: ExperimentConfig, choice: HookChoice, progress=None) -> 
         first, steps, layers, notes = resume_rank(ctx, config, setup, task, probe, loss_fn)
         setup.notes.extend(notes)
     for step in range(first, config.steps):
-        if progress is not None:  # the step a compiling rank's heartbeats name
-            progress.step = step
         if step > first or config.compile == "eager":  # compiling the first step is slow, not stuck
             ctx.heartbeat(step)  # a rank that stops here is named in the notebook, with the step
         x, y = (t.to(ctx.device) for t in next(setup.batches))

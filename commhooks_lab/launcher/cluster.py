@@ -435,6 +435,8 @@ class Cluster:
             last_sign_of_life = time.monotonic()
             if kind == rank_process.HEARTBEAT:
                 watch.beat(rank, payload, last_sign_of_life)
+            elif kind == rank_process.ALIVE:
+                pass  # busy, not stuck: the time of this message is all it says
             elif kind == rank_process.EVENT:
                 if on_event is not None:
                     on_event(rank, payload)

@@ -25,6 +25,8 @@ __all__ = ["init_process_group", "worker_main", "WorkerContext"]
 
 # Message kinds, child -> parent.
 READY, EVENT, HEARTBEAT, RESULT, ERROR = "ready", "event", "heartbeat", "result", "error"
+#: "Busy, not stuck" (compiling): it extends the silence timeout without claiming a step, so no stall is reported.
+ALIVE = "alive"
 # Message kinds, parent -> child.
 RUN, STOP = "run", "stop"
 
@@ -40,6 +42,7 @@ class WorkerContext:
     local_rank: int = 0
     _sink: Callable[[dict], None] | None = field(default=None, repr=False)
     _beat: Callable[[int], None] | None = field(default=None, repr=False)
+    _alive: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -59,6 +62,12 @@ class WorkerContext:
         """
         if self._beat is not None:
             self._beat(int(step))
+
+    def alive(self) -> None:
+        """Tell the notebook this rank is busy but not stuck (compiling, say): the run's silence timeout starts
+        again, and no step is claimed, so the notebook reports no rank as behind. Nothing under torchrun."""
+        if self._alive is not None:
+            self._alive()
 
 
 def _error_payload(exc: BaseException, log: CollectiveLog | None = None) -> dict:
@@ -93,6 +102,9 @@ class Channel:
             wrapped = TypeError(f"rank {self.rank} produced a {kind} that cannot be pickled: {exc}")
             data = pickle.dumps((ERROR, self.rank, _error_payload(wrapped)))
         self._send_bytes(data)
+
+    def alive(self) -> None:
+        self._send_bytes(pickle.dumps((ALIVE, self.rank, None)))
 
     def heartbeat(self, step: int) -> None:
         self.collectives.beat(step)
@@ -214,6 +226,7 @@ def worker_main(
             local_rank=rank,
             _sink=lambda event: channel.send(EVENT, event),
             _beat=channel.heartbeat,
+            _alive=channel.alive,
         )
         channel.send(READY, None)
     except BaseException as exc:
