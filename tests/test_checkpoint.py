@@ -394,3 +394,28 @@ def test_an_optimizer_state_of_another_shape_is_named_not_a_broadcast_error(clus
     torch.save(tensors, folder / "rank1.pt")
     with pytest.raises(WorkerError, match=r"rank 1 raised CheckpointError: .*rank1\.pt: the optimizer's '\w+' for"):
         lab.run(**SMALL, optimizer="adam", resume_from=folder, cluster=cluster)
+
+
+WRONG_STATE = {
+    # hook -> the saved tensor to lengthen by one number, as a hand edit would leave it
+    "power_sgd": ("/hook_state/error_dict/", r"PowerSGD's error_dict\[\d+\] has \d+ numbers, this model's bucket"),
+    "batched_power_sgd": ("/hook_state/p_memory_dict/", r"PowerSGD's p_memory_dict\[\d+\] has \d+ numbers"),
+    "topk": ("/hook_state/memory/", r"the residual for parameter \d+ has shape \(\d+,?\), the parameter"),
+}
+
+
+@pytest.mark.parametrize("hook", sorted(WRONG_STATE))
+def test_a_hook_state_of_another_shape_is_named_not_a_broadcast_error(hook, cluster, tmp_path):
+    """PowerSGD's per-bucket memory and a compressor's residuals: the saved layout resumes, a changed one is named."""
+    options = {"ratio": 0.05, "error_feedback": True} if hook == "topk" else {"start_powerSGD_iter": 2}
+    run = dict(hook=hook, state_options=options, model="cnn", bucket_cap_mb=0.01, steps=6)
+    folder = tmp_path / "ckpt"
+    whole = lab.run(**run, checkpoint_at=3, checkpoint_dir=folder, cluster=cluster)
+    assert lab.run(**run, resume_from=folder, cluster=cluster).final["param_digests"] == whole.final["param_digests"]
+    prefix, says = WRONG_STATE[hook]
+    tensors = torch.load(folder / "rank1.pt", weights_only=True)
+    key = max((k for k in tensors if k.startswith(prefix)), key=lambda k: tensors[k].numel())
+    tensors[key] = torch.zeros(tensors[key].numel() + 1)
+    torch.save(tensors, folder / "rank1.pt")
+    with pytest.raises(WorkerError, match=rf"rank 1 raised CheckpointError: .*rank1\.pt: {says}"):
+        lab.run(**run, resume_from=folder, cluster=cluster)

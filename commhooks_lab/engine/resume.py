@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ..launcher.errors import OtherRankFailed
 from . import checkpoint
 from .config import ExperimentConfig
+from .hook_state_fit import HookStateMismatch, check_bucket_memory_fits, check_residuals_fit
 
 __all__ = ["resume_rank", "save_checkpoint"]
 
@@ -104,7 +105,7 @@ def resume_rank(ctx, config: ExperimentConfig, setup, task, probe, loss_fn) -> t
         probe.load_state_dict(saved["probe"])
     params = list(task.model.parameters())
     if config.resume_hook_state:
-        checkpoint.load_hook_state(setup.state, saved["hook_state"], params)
+        _load_hook_state(setup.state, saved["hook_state"], params, probe, checkpoint.rank_file(folder, ctx.rank))
     torch.set_rng_state(saved["torch_rng"])
     notes = [_resume_note(config, start, saved)]
     meta = checkpoint.read_run(folder) if ctx.is_main else {}  # the rows measured so far: rank 0 reports them
@@ -122,6 +123,24 @@ def _check_optimizer_shapes(optimizer, where: Path) -> None:
                         f"{where}: the optimizer's {key!r} for parameter {position} has shape {tuple(value.shape)}, "
                         f"the parameter {tuple(param.shape)} (edited by hand, or another model's): save it again"
                     )
+
+
+def _load_hook_state(state, saved, params: list, probe, where: Path) -> None:
+    """The hook's memory back in its state, refused by name if a saved tensor cannot fit this model
+    (a hand-edited file, another model's), instead of a bare broadcast or view error inside the hook."""
+
+    def named(check, *args) -> None:
+        try:
+            check(*args)
+        except HookStateMismatch as error:
+            raise checkpoint.CheckpointError(
+                f"{where}: {error} (edited by hand, or another model's): save it again, or resume with "
+                "resume_hook_state=False to start the hook's memory empty"
+            ) from None
+
+    checkpoint.load_hook_state(state, saved, params)
+    named(check_residuals_fit, state, params)
+    probe.first_step_check = lambda state, bucket: named(check_bucket_memory_fits, state, bucket)
 
 
 def _resume_note(config: ExperimentConfig, start: int, saved: dict) -> str:

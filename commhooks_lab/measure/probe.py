@@ -105,6 +105,7 @@ class Probe:
         self._meter = ShareMeter(self._shares[rank], self.sizes, world_size, self._scratch)
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None
         self.passthrough = False  # True: buckets skip the hook and the probe (a resumed run's layout step)
+        self.first_step_check: Callable | None = None  # (state, bucket) -> None, before the hook, next step only
 
     # -- in the step --------------------------------------------------------------------------
 
@@ -124,6 +125,8 @@ class Probe:
             buffer = bucket.buffer()
             if probe.passthrough:
                 return completed_future(buffer)
+            if probe.first_step_check is not None:
+                probe.first_step_check(state, bucket)
             probe.uncompressed_bytes += buffer.numel() * buffer.element_size()
             probe.buckets += 1
             if probe.measure_enabled:
@@ -170,6 +173,7 @@ class Probe:
 
     def end_step(self, loss: torch.Tensor) -> dict:
         """Call right after ``backward()``: stop counting, keep copies. Returns the step's record."""
+        self.first_step_check = None
         wire_end = written_bytes()
         counter = self.counter
         counter.active = False
