@@ -132,6 +132,14 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _notebooks(args) -> int:
+    from .course import copy_course
+
+    done = copy_course(args.dir, force=args.force)
+    print(done.summary())
+    return 1 if done.kept else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .hooks import registry
 
@@ -197,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_selfcheck)
     doctor = sub.add_parser("doctor", help="preflight a workshop laptop: a pass/fail table with what to do")
     doctor.set_defaults(func=_doctor)
+    notebooks = sub.add_parser("notebooks", help="copy the course (notebooks, glossary, teaching notes) into DIR")
+    notebooks.add_argument("dir", metavar="DIR", help="folder for the course (made if missing)")
+    notebooks.add_argument("--force", action="store_true", help="replace notebooks you edited with the course's")
+    notebooks.set_defaults(func=_notebooks)
     return parser
 
 

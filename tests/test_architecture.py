@@ -233,6 +233,7 @@ LAYERS = {
     "measure": {"hooks", "_compat", "_util"},
     "engine": {"launcher", "hooks", "measure", "_compat", "_util"},
     "result": set(),
+    "course": set(),
     "experiment": {"launcher", "hooks", "measure", "engine", "result", "_compat", "_util"},
     "studies": {"launcher", "hooks", "measure", "engine", "experiment", "result", "_compat", "_util"},
 }

@@ -1,0 +1,152 @@
+"""The wheel carries the course: built, installed in a fresh environment (not editable), copied out, and run.
+
+The fresh environment is a new venv whose own site-packages holds only the wheel; the project's
+dependencies come from this venv's site-packages, added as a plain path (a ``.pth`` line), so its
+``.pth`` files, the editable install's finder among them, never run there. What the notebook
+imports as ``commhooks_lab`` is therefore the wheel's copy, which the test checks.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from commhooks_lab.course import COURSE_FILES, copy_course, course_files, course_root
+
+ROOT = Path(__file__).resolve().parents[1]
+SDIST = "import sys, setuptools.build_meta as b; print(b.build_sdist(sys.argv[1]))"
+
+
+def _run(*args, cwd=None, **kwargs) -> subprocess.CompletedProcess:
+    """Run a command outside the source tree by default: ``python -c`` there would import the clone's package."""
+    cwd = cwd or Path(os.environ.get("TMPDIR", "/tmp"))
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, check=False, cwd=cwd, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def fresh_env(tmp_path_factory):
+    """A venv with the wheel installed, and the python that runs in it.
+
+    The wheel is built as ``python -m build`` would, from the sdist (so MANIFEST.in is tested too),
+    never from the clone, where an old ``build/`` folder can slip stale modules into it.
+    """
+    where = tmp_path_factory.mktemp("wheel")
+    sdist = _run(sys.executable, "-c", SDIST, where, cwd=ROOT)
+    assert sdist.returncode == 0, sdist.stderr[-2000:]
+    with tarfile.open(where / sdist.stdout.split()[-1]) as archive:
+        archive.extractall(where / "sdist", filter="data")
+    (tree,) = (where / "sdist").iterdir()
+    built = _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", where, tree)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = where.glob("commhooks_lab-*.whl")
+    venv = where / "venv"
+    assert _run(sys.executable, "-m", "venv", "--without-pip", venv).returncode == 0
+    python = venv / "bin" / "python"
+    purelib = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+    (purelib / "deps_from_the_test_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    installed = _run(sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", wheel)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    return python, purelib
+
+
+def test_the_wheel_installs_the_course_and_copies_it_out(fresh_env, tmp_path):
+    python, purelib = fresh_env
+    where = _run(python, "-c", "import commhooks_lab.course as c; print(c.__file__); print(c.course_root())")
+    module, root = where.stdout.split()
+    assert Path(module).is_relative_to(purelib), "the notebook would import the source tree, not the wheel"
+    assert Path(root) == purelib / "commhooks_lab" / "course"
+    copied = _run(python, "-m", "commhooks_lab", "notebooks", tmp_path / "course")
+    assert copied.returncode == 0, copied.stderr
+    assert sorted(
+        p.relative_to(tmp_path / "course") for p in (tmp_path / "course").rglob("*.*") if p.name[0] != "."
+    ) == (course_files(ROOT))
+    assert f"{len(course_files(ROOT))} written" in copied.stdout
+
+
+def test_notebook_1_passes_its_regression_where_the_wheel_put_it(fresh_env, tmp_path):
+    python, _ = fresh_env
+    assert _run(python, "-m", "commhooks_lab", "notebooks", tmp_path).returncode == 0
+    notebook = tmp_path / "notebooks" / "01_quickstart.ipynb"
+    sanitize = (
+        Path(
+            _run(
+                python, "-c", "import commhooks_lab, pathlib; print(pathlib.Path(commhooks_lab.__file__).parent)"
+            ).stdout.strip()
+        )
+        / "nbval_sanitize.cfg"
+    )
+    env = {**os.environ, "PYTHONPATH": ""}
+    result = _run(
+        python,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "commhooks_lab.testing.plugin",
+        "--nbval",
+        "--nbval-current-env",
+        "--nbval-sanitize-with",
+        sanitize,
+        notebook,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-4000:]
+    print(result.stdout[-3000:])
+    code_cells = sum(c["cell_type"] == "code" for c in json.loads(notebook.read_text())["cells"])
+    assert re.search(rf"\b{code_cells} passed\b", result.stdout), result.stdout[-2000:]
+
+
+def test_an_edited_notebook_is_kept_and_an_untouched_one_updated(tmp_path):
+    first = copy_course(tmp_path)
+    assert first.written and not first.kept
+    edited, untouched = tmp_path / first.written[0], tmp_path / first.written[1]
+    edited.write_text(edited.read_text() + "\nmy own note\n")  # the learner's change
+    manifest = json.loads((tmp_path / ".course.json").read_text())
+    untouched.write_text("an older course's copy")  # as a previous version of the package left it
+    manifest[str(first.written[1])] = __import__("hashlib").sha256(untouched.read_bytes()).hexdigest()
+    (tmp_path / ".course.json").write_text(json.dumps(manifest))
+
+    again = copy_course(tmp_path)
+    assert again.kept == [first.written[0]] and again.written == [first.written[1]]
+    assert "edited by you and kept" in again.summary() and "--force" in again.summary()
+    assert untouched.read_bytes() == (course_root() / first.written[1]).read_bytes()
+    assert edited.read_bytes() != (course_root() / first.written[0]).read_bytes()
+
+    forced = copy_course(tmp_path, force=True)
+    assert (
+        forced.written == [first.written[0]] and edited.read_bytes() == (course_root() / first.written[0]).read_bytes()
+    )
+
+
+def test_the_cli_says_which_files_it_kept_and_fails(tmp_path):
+    from commhooks_lab.cli import main
+
+    assert main(["notebooks", str(tmp_path)]) == 0
+    (tmp_path / "notebooks" / "GLOSSARY.md").write_text("my notes")
+    assert main(["notebooks", str(tmp_path)]) == 1
+    assert (tmp_path / "notebooks" / "GLOSSARY.md").read_text() == "my notes"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit):
+        main(["notebooks", str(tmp_path / "file")])
+
+
+def test_every_link_inside_the_copied_course_resolves(tmp_path):
+    copy_course(tmp_path)
+    broken = []
+    for name in course_files(tmp_path):
+        text = (tmp_path / name).read_text()
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if not re.match(r"[a-z]+:", target) and not (tmp_path / name).parent.joinpath(target).exists():
+                broken.append(f"{name} -> {target}")
+    assert broken == []
+    assert {p.split("/")[0] for p in COURSE_FILES} == {"notebooks", "docs"}
