@@ -150,3 +150,14 @@ def test_every_link_inside_the_copied_course_resolves(tmp_path):
                 broken.append(f"{name} -> {target}")
     assert broken == []
     assert {p.split("/")[0] for p in COURSE_FILES} == {"notebooks", "docs"}
+
+
+def test_the_build_step_copies_what_the_course_module_serves():
+    """setup.py cannot import the package it builds, so it spells the course's patterns again: keep them equal."""
+    import ast
+
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    (copied,) = [
+        ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "COURSE"
+    ]
+    assert copied == COURSE_FILES  # MANIFEST.in is tested by the wheel above: it is built from the sdist

@@ -46,3 +46,13 @@ def test_ci_runs_the_readme_commands_verbatim():
     ci = (ROOT / ".ci" / "run").read_text()
     for name, command in commands.items():
         assert command.strip() in ci, f"README's {name} command is not what .ci/run runs"
+
+
+def test_the_readme_is_short_and_points_to_the_reference_it_moved_out():
+    """A newcomer reads the README before the first notebook: what the lab is, the two commands, where to read on."""
+    text = (ROOT / "README.md").read_text()
+    assert text.count("\n") <= 150
+    pages = re.findall(r"\]\((docs/[\w/.-]+\.md)\)", text)
+    assert len(pages) >= 8 and all((ROOT / page).is_file() for page in pages)
+    site = (ROOT / "docs" / "site" / "index.md").read_text()
+    assert all(page.removesuffix(".md") in site for page in pages if page.startswith("docs/reference/"))

@@ -1,4 +1,4 @@
-"""The course that ships with the package: the notebooks, their glossary and teaching notes, copied out for a learner.
+"""The course that ships with the package: the notebooks, their glossary, the reference pages and teaching notes.
 
 A wheel carries them as package data under ``commhooks_lab/course`` (``setup.py`` copies them in at
 build time); an editable install reads them from the source tree. Either way the copy keeps the
@@ -20,7 +20,7 @@ from pathlib import Path
 __all__ = ["COURSE_FILES", "CourseCopy", "copy_course", "course_files", "course_root"]
 
 #: What the course is, relative to its root (the repository's root, or the package's ``course`` folder).
-COURSE_FILES = ("notebooks/*.ipynb", "notebooks/GLOSSARY.md", "docs/teaching.md")
+COURSE_FILES = ("notebooks/*.ipynb", "notebooks/GLOSSARY.md", "docs/teaching.md", "docs/reference/*.md")
 
 
 def course_root() -> Path:

@@ -66,5 +66,7 @@ def test_the_dashboard_runs_a_hook_chosen_in_the_browser(jupyterlab, page):
         drawn = [len(p.get_attribute("d") or "") > 40 for p in error.locator("path.line").all()]
         assert sum(drawn) == min(6, before + 1)  # one curve per plotted run (the last six), as the browser drew it
         assert "allreduce" in status.inner_text() and "rel_error" in status.inner_text()
+        page.set_viewport_size({"width": 1400, "height": 2400})  # the whole widget in view, for the site's picture
+        dashboard.screenshot(path=str(SCREENSHOTS / "dashboard_widget.png"))
     finally:
         page.screenshot(path=str(shot), full_page=True)
