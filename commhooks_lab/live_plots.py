@@ -25,26 +25,48 @@ __all__ = ["LiveFigures"]
 #: The notebooks' colours, in their order.
 COLORS: list[str] = [to_hex(c) for c in rcParams["axes.prop_cycle"].by_key()["color"]]
 _EMPTY = np.zeros(0)
-_SIZE = {"height": "330px", "width": "50%"}
+_SIZE = {"height": "330px", "width": "100%"}
 
 
-def _figure(title: str, x_scale, y_scale, x_label: str, y_label: str, marks: list, legend: bool = False) -> bq.Figure:
+def _figure(title: str, x_scale, y_scale, x_label: str, y_label: str, marks: list) -> bq.Figure:
+    """One figure, its words kept off the data: no legend or point labels inside it (each figure that needs one
+    has an HTML legend below, see :func:`legend_html`), no toolbar over the title, room for the y label."""
     axes = [
         bq.Axis(scale=x_scale, label=x_label, tick_format=".0e" if isinstance(x_scale, bq.LogScale) else None),
-        bq.Axis(scale=y_scale, label=y_label, side="left", tick_format=".0e", label_offset="55px"),
+        bq.Axis(scale=y_scale, label=y_label, side="left", tick_format=".0e", label_offset="58px"),
     ]
     return bq.Figure(
         marks=marks,
         axes=axes,
         title=title,
         title_style={"font-size": "14px"},
-        legend_location="bottom-right" if legend else "top-left",
-        legend_text={"font-size": "11px"},
-        legend_style={"fill": "white", "fill-opacity": 0.7, "stroke-width": 0},
-        fig_margin={"top": 40, "bottom": 50, "left": 75, "right": 20},
+        fig_margin={"top": 40, "bottom": 50, "left": 85, "right": 30},
         layout=w.Layout(**_SIZE),
         animation_duration=0,
+        display_toolbar=False,
     )
+
+
+def legend_html(entries: list[tuple[str, str]]) -> str:
+    """A legend under a figure: a coloured mark and the name, per entry; it wraps, and covers nothing."""
+    items = [
+        f'<span style="white-space:nowrap;margin-right:14px"><span style="color:{color}">&#9632;</span> '
+        f"{html.escape(name)}</span>"
+        for name, color in entries
+    ]
+    return f'<div class="hooklab-legend" style="font-size:12px;line-height:1.6">{" ".join(items)}</div>'
+
+
+def fit_log_axis(scale: bq.LogScale, axis: bq.Axis, values, most: int = 7) -> None:
+    """A log axis that spans whole decades around ``values``: at least two labelled ticks, and no point on an edge
+    (bqplot fits the domain to the data, which left one tick and half a point at each end)."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values) & (values > 0)]
+    if not len(values):
+        return
+    low, high = np.floor(np.log10(values.min() / 1.5)), np.ceil(np.log10(values.max() * 1.5))
+    scale.min, scale.max = float(10.0**low), float(10.0**high)
+    axis.tick_values = decades(np.asarray([scale.min, scale.max]), most)
 
 
 def decades(values: np.ndarray, most: int = 7) -> np.ndarray:
@@ -74,24 +96,31 @@ class LiveFigures:
             for _ in range(max_runs)
         ]
         self.error = _figure(
-            "Error per step", step, log_error, "step", "rel_error", list(self.error_lines), legend=True
+            "Error per step: lower is closer to exact",
+            step,
+            log_error,
+            "step",
+            "rel_error (log)",
+            list(self.error_lines),
         )
+        self.error_legend = w.HTML("")
         payload, mean_error = bq.LogScale(), bq.LogScale()
         self.points = bq.Scatter(
-            x=_EMPTY, y=_EMPTY, scales={"x": payload, "y": mean_error}, names=[], display_names=True, default_size=90
+            x=_EMPTY, y=_EMPTY, scales={"x": payload, "y": mean_error}, names=[], display_names=False, default_size=90
         )
         self.tradeoff = _figure(
-            "Bytes saved vs error paid (lower left is better)",
+            "Bytes vs error: lower left is better",
             payload,
             mean_error,
-            "payload / fp32 allreduce payload",
-            "mean rel_error per step",
+            "payload / fp32 all-reduce payload (log)",
+            "mean rel_error per step (log)",
             [self.points],
         )
+        self.tradeoff_legend = w.HTML("")
         spread_step, spread = bq.LinearScale(), bq.LogScale()
         self.spread_line = bq.Lines(x=_EMPTY, y=_EMPTY, scales={"x": spread_step, "y": spread}, marker="circle")
         self.spread = _figure(
-            "Do all ranks agree?", spread_step, spread, "step", "rank_spread = max |h_r - h_0|", [self.spread_line]
+            "Do all ranks agree?", spread_step, spread, "step", "rank_spread, max |h_r - h_0|", [self.spread_line]
         )
         exact, hook = bq.LinearScale(), bq.LinearScale()
         self.diagonal = bq.Lines(x=_EMPTY, y=_EMPTY, scales={"x": exact, "y": hook}, colors=["black"], stroke_width=1)
@@ -104,12 +133,25 @@ class LiveFigures:
             "hook's gradient h",
             [self.sample, self.diagonal],
         )
-        self.agreement_figure.axes[1].tick_format = ".1e"
-        self.agreement_figure.axes[0].tick_format = ".1e"
+        for axis in self.agreement_figure.axes:  # five ticks: nine "-4.0e-2" labels ran into each other
+            axis.tick_format, axis.num_ticks = ".1e", 5
         #: The upper row's one-line reading (plots.takeaway), as text above it: a figure title would be cut.
         self.takeaway = w.HTML("")
-        self.overview = w.VBox([self.takeaway, w.HBox([self.error, self.tradeoff])])
-        self.agreement = w.HBox([self.spread, self.agreement_figure])
+        half = {"width": "50%"}
+        self.overview = w.VBox(
+            [
+                self.takeaway,
+                w.HBox(
+                    [
+                        w.VBox([self.error, self.error_legend], layout=w.Layout(**half)),
+                        w.VBox([self.tradeoff, self.tradeoff_legend], layout=w.Layout(**half)),
+                    ]
+                ),
+            ]
+        )
+        self.agreement = w.HBox(
+            [w.VBox([self.spread], layout=w.Layout(**half)), w.VBox([self.agreement_figure], layout=w.Layout(**half))]
+        )
         self._live: dict[str, list[float]] = {"step": [], "rel_error": [], "rank_spread": []}
 
     # -- while a run trains --------------------------------------------------------------------------
@@ -121,7 +163,7 @@ class LiveFigures:
         line = self.error_lines[-1]
         with line.hold_sync():
             line.x, line.y, line.labels, line.colors = _EMPTY, _EMPTY, [f"{name} (running)"], [color_of(index)]
-            line.display_legend = True
+        self._show_error_legend(beside, index - len(beside), running=(name, color_of(index)))
         self._live = {"step": [], "rel_error": [], "rank_spread": []}
         self.spread.title = f"Do all ranks agree? {name}, running"
         with self.spread_line.hold_sync():
@@ -145,8 +187,9 @@ class LiveFigures:
 
     def _log_ticks(self) -> None:
         """Decades on the log axes whose data just changed (bqplot's own log ticks crowd: 2e-1 3e-1 ...)."""
-        self.error.axes[1].tick_values = decades(np.concatenate([line.y for line in self.error_lines]))
-        self.spread.axes[1].tick_values = decades(np.asarray(self.spread_line.y))
+        error_axis, spread_axis = self.error.axes[1], self.spread.axes[1]
+        fit_log_axis(error_axis.scale, error_axis, np.concatenate([line.y for line in self.error_lines]))
+        fit_log_axis(spread_axis.scale, spread_axis, np.asarray(self.spread_line.y))
 
     # -- when a run ends -------------------------------------------------------------------------------
     def show(self, results: list[Result]) -> None:
@@ -168,7 +211,11 @@ class LiveFigures:
             self.points.names = [p.label for p in points]
             self.points.colors = [color_of(index[id(p.result)]) for p in points]
         x_axis, y_axis = self.tradeoff.axes
-        x_axis.tick_values, y_axis.tick_values = decades(self.points.x), decades(self.points.y)
+        fit_log_axis(x_axis.scale, x_axis, self.points.x)
+        fit_log_axis(y_axis.scale, y_axis, self.points.y)
+        self.tradeoff_legend.value = legend_html(
+            [(f"{p.label}: {p.x:.1%} of the bytes, error {p.y:.2g}", color_of(index[id(p.result)])) for p in points]
+        )
         self._show_agreement(results[-1], len(results) - 1)
         self._log_ticks()
 
@@ -179,19 +226,22 @@ class LiveFigures:
             with line.hold_sync():
                 line.x = np.asarray(r.steps["step"], dtype=float)
                 line.y = np.maximum(np.asarray(r.steps["rel_error"], dtype=float), FLOOR)
-                line.labels, line.colors, line.display_legend = [r.name], [color_of(first_index + i)], True
+                line.labels, line.colors = [r.name], [color_of(first_index + i)]
         for line in self.error_lines[len(runs) :]:
             with line.hold_sync():
-                line.x, line.y, line.labels, line.display_legend = _EMPTY, _EMPTY, [], False
+                line.x, line.y, line.labels = _EMPTY, _EMPTY, []
+        self._show_error_legend(runs, first_index)
+
+    def _show_error_legend(self, runs: list[Result], first_index: int, running: tuple[str, str] | None = None) -> None:
+        entries = [(r.name, color_of(first_index + i)) for i, r in enumerate(runs)]
+        self.error_legend.value = legend_html(entries + ([(f"{running[0]} (running)", running[1])] if running else []))
 
     def _show_agreement(self, result: Result, index: int) -> None:
         s = result.steps
         spread = np.asarray(s["rank_spread"], dtype=float)
         agree = bool(spread.max() == 0)
         self.spread.title = (
-            f"{result.name}: every rank holds the same gradient (rank_spread = 0 at every step)"
-            if agree
-            else f"{result.name}: do all ranks agree? (0 = DDP's invariant)"
+            f"{result.name}: all ranks agree at every step" if agree else f"{result.name}: ranks differ (0 = agree)"
         )
         with self.spread_line.hold_sync():
             self.spread_line.x = np.asarray(s["step"], dtype=float)
@@ -207,6 +257,4 @@ class LiveFigures:
         with self.sample.hold_sync():
             self.sample.x, self.sample.y, self.sample.colors = exact, hook, [color_of(index)]
         self.diagonal.x, self.diagonal.y = np.asarray([-lim, lim]), np.asarray([-lim, lim])
-        self.agreement_figure.title = (
-            f"{result.name}: {sample['layer']} {tuple(sample['shape'])}, last step (h = exact on the line)"
-        )
+        self.agreement_figure.title = f"{result.name}, {sample['layer']}: on the line, h = exact"

@@ -12,6 +12,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 
+from ._util import fit_titles
 from .result import Result
 
 __all__ = [
@@ -77,7 +78,7 @@ def error_per_step(results: Iterable[Result] | Result) -> Figure:
         "How far the hook's gradient is from the exact mean",
     )
     _draw_per_step(ax_cos, results, lambda s: 1 - s["cosine"], "1 - cosine(h, exact)", "Direction error")
-    return fig
+    return fit_titles(fig)
 
 
 def layer_heatmap(result: Result, metric: str = "rel_error") -> Figure:
@@ -96,7 +97,7 @@ def layer_heatmap(result: Result, metric: str = "rel_error") -> Figure:
     ax.set_xticks(range(len(table.columns)), table.columns)
     ax.set(xlabel="step", title=f"{result.name}: {metric} per layer")
     fig.colorbar(image, ax=ax, label=f"{metric} (log scale)")
-    return fig
+    return fit_titles(fig)
 
 
 def gradient_agreement(result: Result) -> Figure:
@@ -130,7 +131,7 @@ def gradient_agreement(result: Result) -> Figure:
             title=f"{sample['layer']} {tuple(sample['shape'])}, last step",
         )
         ax_scatter.legend(fontsize="small")
-    return fig
+    return fit_titles(fig)
 
 
 def _colors(results: list[Result]) -> dict[str, Any]:
@@ -206,7 +207,7 @@ def tradeoff(results: Iterable[Result]) -> Figure:
     """Bytes against error, one point per hook (log-log): the price of each byte saved."""
     fig, ax = plt.subplots(figsize=(8.5, 5), constrained_layout=True)
     _draw_tradeoff(ax, _list(results))
-    return fig
+    return fit_titles(fig)
 
 
 def takeaway(results: list[Result]) -> str:
@@ -234,7 +235,7 @@ def loss_curves(results: Iterable[Result], baseline: str | None = "allreduce") -
         ax.plot(r.steps["step"], r.steps["loss"], label=r.name, **style)
     ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title="Does compression change training?")
     ax.legend(fontsize="small")
-    return fig
+    return fit_titles(fig)
 
 
 def precision_histogram(results: Iterable[Result]) -> Figure:
@@ -259,7 +260,7 @@ def precision_histogram(results: Iterable[Result]) -> Figure:
         title="Rounding error per element",
     )
     ax.legend(fontsize="small", loc="upper left")
-    return fig
+    return fit_titles(fig)
 
 
 def singular_values(result: Result, matrix_ranks: Sequence[int] = (1, 2, 4)) -> Figure:
@@ -302,7 +303,7 @@ def singular_values(result: Result, matrix_ranks: Sequence[int] = (1, 2, 4)) -> 
         ylabel="singular value σ_i",
         title=f"{sample['layer']} {tuple(sample['shape'])}: why low rank works",
     )
-    return fig
+    return fit_titles(fig)
 
 
 def cumulative_error(results: Iterable[Result]) -> Figure:
@@ -316,7 +317,7 @@ def cumulative_error(results: Iterable[Result]) -> Figure:
         "Error of the summed gradient, steps that compressed",
         compressed_only=True,
     )
-    return fig
+    return fit_titles(fig)
 
 
 def error_feedback(results: Iterable[Result], title: str | None = None) -> Figure:
@@ -334,7 +335,7 @@ def error_feedback(results: Iterable[Result], title: str | None = None) -> Figur
         ax.legend(fontsize="small", loc="lower left")
     if title:
         fig.suptitle(title)
-    return fig
+    return fit_titles(fig)
 
 
 def overview(results: Iterable[Result]) -> Figure:
@@ -350,7 +351,7 @@ def overview(results: Iterable[Result]) -> Figure:
     ax_err.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0.0, -0.13), ncols=3)
     _draw_tradeoff(ax_trade, results, colors)
     fig.suptitle(takeaway(results))
-    return fig
+    return fit_titles(fig)
 
 
 def convergence(results: Iterable[Result], baseline: str | None = "allreduce") -> Figure:
@@ -365,7 +366,7 @@ def convergence(results: Iterable[Result], baseline: str | None = "allreduce") -
     ax_loss.set(yscale="log", xlabel="step", ylabel="training loss (mean over ranks)", title="Loss")
     ax_acc.set(xlabel="step", ylabel="test accuracy", title="Accuracy on held-out digits", ylim=(0, 1))
     ax_acc.legend(fontsize="small", ncols=2)
-    return fig
+    return fit_titles(fig)
 
 
 def _hook_style(name: str, baseline: str = "allreduce") -> dict[str, Any]:
@@ -401,7 +402,7 @@ def network_time(
     )
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, alpha=0.3)
-    return fig
+    return fit_titles(fig)
 
 
 def link_times(table: pd.DataFrame, title: str | None = None) -> Figure:
@@ -423,7 +424,7 @@ def link_times(table: pd.DataFrame, title: str | None = None) -> Figure:
            title=title or "Step time behind real links: measured (median, min-max) and modelled")  # fmt: skip
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, axis="y", alpha=0.3)
-    return fig
+    return fit_titles(fig)
 
 
 def accuracy_over_time(results: Iterable[Result], target: float | None = None, title: str | None = None) -> Figure:
@@ -444,7 +445,7 @@ def accuracy_over_time(results: Iterable[Result], target: float | None = None, t
            title=title or "Accuracy over training time")  # fmt: skip
     ax.legend(fontsize="small", loc="lower right")
     ax.grid(True, alpha=0.3)
-    return fig
+    return fit_titles(fig)
 
 
 def _human(n: float) -> str:
@@ -469,7 +470,7 @@ def bytes_by_model(table: pd.DataFrame, title: str | None = None) -> Figure:
     ax.set(yscale="log", ylabel="bytes over each rank's link / fp32 all-reduce's", title=title or "Bytes by model")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, alpha=0.3)
-    return fig
+    return fit_titles(fig)
 
 
 def bytes_by_world_size(sweep: pd.DataFrame, title: str | None = None) -> Figure:
@@ -486,7 +487,7 @@ def bytes_by_world_size(sweep: pd.DataFrame, title: str | None = None) -> Figure
     )
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, alpha=0.3)
-    return fig
+    return fit_titles(fig)
 
 
 def convergence_seeds(results: Iterable[Result], baseline: str = "allreduce", title: str | None = None,
@@ -523,7 +524,7 @@ def convergence_seeds(results: Iterable[Result], baseline: str = "allreduce", ti
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     seeds = max(len(runs) for runs in by_hook.values())
     fig.suptitle(title or f"{len(by_hook)} hooks, {seeds} seeds each")
-    return fig
+    return fit_titles(fig)
 
 
 def resumed(results: Iterable[Result], at: int) -> Figure:
@@ -546,4 +547,4 @@ def resumed(results: Iterable[Result], at: int) -> Figure:
         ax.axvline(at - 0.5, color="gray", linewidth=0.8, linestyle=":")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0].legend(fontsize="small")
-    return fig
+    return fit_titles(fig)

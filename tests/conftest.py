@@ -74,6 +74,20 @@ STARTS_FIRST = (
 )
 
 
+def pytest_configure(config):
+    """Every IPython kernel the tests start checks its figures on ``plt.show()`` (``testing.figure_layout``): a
+    notebook figure whose text collides, is cut off or hides data, or whose axis has one tick or no label, fails
+    its cell under nbval, naming what does not read."""
+    import tempfile
+
+    from commhooks_lab.testing.figure_layout import write_ipython_startup
+
+    folder = tempfile.mkdtemp(prefix="commhooks-ipython-")
+    write_ipython_startup(folder)
+    os.environ["IPYTHONDIR"] = folder
+    config.add_cleanup(lambda: __import__("shutil").rmtree(folder, ignore_errors=True))
+
+
 def pytest_collection_modifyitems(config, items):
     """The files of STARTS_FIRST first, in its order; every other item keeps its place (the sort is stable)."""
     rank = {path: i for i, path in enumerate(STARTS_FIRST)}

@@ -188,6 +188,8 @@ def plot_timeline(timeline, rank: int = 0, repeat: int = 0):
     completion (the part inside the hook call darker), the end of backward's compute and of backward."""
     import matplotlib.pyplot as plt
 
+    from .._util import fit_titles
+
     hooks = list(dict.fromkeys(timeline["hook"]))
     fig, axes = plt.subplots(len(hooks), 1, figsize=(8, 1.2 + 1.1 * len(hooks)), sharex=True, constrained_layout=True)
     for ax, hook in zip(list(getattr(axes, "flat", [axes])), hooks):
@@ -201,4 +203,4 @@ def plot_timeline(timeline, rank: int = 0, repeat: int = 0):
         ax.set_yticks([])
     ax.set_xlabel(f"ms after backward started (rank {rank}); dark: inside the hook call, light: after it returned")
     ax.legend(loc="lower right", fontsize=8)
-    return fig
+    return fit_titles(fig)

@@ -131,6 +131,8 @@ def plot_precision(table, dtype: str = "bfloat16"):
     """Error against world size for one dtype: the ring grows, float32 sums stay near the floor."""
     import matplotlib.pyplot as plt
 
+    from .._util import fit_titles
+
     rows = table[table["dtype"] == dtype].set_index("world_size")
     fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
     styles = {
@@ -153,4 +155,4 @@ def plot_precision(table, dtype: str = "bfloat16"):
     ax.set_xticks(list(rows.index), [str(w) for w in rows.index])
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.legend(fontsize=8, loc="upper left")
-    return fig
+    return fit_titles(fig)

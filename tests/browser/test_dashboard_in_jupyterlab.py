@@ -34,6 +34,46 @@ def page():
         yield page
 
 
+#: For every text of each bqplot figure (SVG, as drawn): its words and box; and the figure's own box.
+TEXT_BOXES = """figure => {
+    const box = r => ({x0: r.left, y0: r.top, x1: r.right, y1: r.bottom});
+    const texts = [...figure.querySelectorAll('svg text')].filter(t => {
+        const style = getComputedStyle(t), r = t.getBoundingClientRect();
+        return t.textContent.trim() && style.display !== 'none' && style.visibility !== 'hidden'
+            && parseFloat(style.opacity || '1') > 0 && r.width > 0 && !t.closest('[display="none"]');
+    });
+    const words = texts.map(t => [t.textContent.trim(), box(t.getBoundingClientRect())]);
+    return {figure: box(figure.getBoundingClientRect()), texts: words};
+}"""
+
+
+GAP_PX = 2  # two words closer than this read as one ("-4.0e-2-3.0e-2")
+
+
+def figure_text_problems(figures) -> list[str]:
+    """What a reader of the page would trip on: texts of a figure that overlap or touch, or fall outside it."""
+    problems = []
+    for i in range(figures.count()):
+        drawn = figures.nth(i).evaluate(TEXT_BOXES)
+        page, texts = drawn["figure"], drawn["texts"]
+        for word, b in texts:
+            if (
+                b["x0"] < page["x0"] - 1
+                or b["x1"] > page["x1"] + 1
+                or b["y0"] < page["y0"] - 1
+                or b["y1"] > page["y1"] + 1
+            ):
+                problems.append(f"figure {i}: {word!r} is cut off")
+        for j, (word, a) in enumerate(texts):
+            for other, b in texts[j + 1 :]:
+                if (
+                    min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > 1
+                    and min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > 1
+                ):
+                    problems.append(f"figure {i}: {word!r} overlaps {other!r}")
+    return problems
+
+
 def test_the_dashboard_runs_a_hook_chosen_in_the_browser(jupyterlab, page):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     shot = SCREENSHOTS / "dashboard.png"
@@ -62,10 +102,12 @@ def test_the_dashboard_runs_a_hook_chosen_in_the_browser(jupyterlab, page):
         figures = dashboard.locator(".bqplot.figure")  # bqplot draws the four figures as SVG in the page
         assert figures.count() == 4
         error = figures.first
-        assert "allreduce" in error.locator("text.legendtext").all_text_contents()  # the run just made
+        legend = dashboard.locator(".hooklab-legend").first  # under the figure, covering nothing
+        assert "allreduce" in legend.inner_text()  # the run just made
         drawn = [len(p.get_attribute("d") or "") > 40 for p in error.locator("path.line").all()]
         assert sum(drawn) == min(6, before + 1)  # one curve per plotted run (the last six), as the browser drew it
         assert "allreduce" in status.inner_text() and "rel_error" in status.inner_text()
+        assert figure_text_problems(figures) == []
         page.set_viewport_size({"width": 1400, "height": 2400})  # the whole widget in view, for the site's picture
         dashboard.screenshot(path=str(SCREENSHOTS / "dashboard_widget.png"))
     finally:

@@ -76,6 +76,11 @@ def pages(site):
                 "images": page.eval_on_selector_all(
                     "article img", "els => els.map(e => [e.getAttribute('src'), e.naturalWidth])"
                 ),
+                "overflowing": page.eval_on_selector_all(  # an image wider than the text column is cut off
+                    "article img",
+                    "els => els.filter(e => e.getBoundingClientRect().right > "
+                    "e.closest('article').getBoundingClientRect().right + 1).map(e => e.getAttribute('src'))",
+                ),
                 "links": page.eval_on_selector_all("article a[href]", "els => els.map(e => e.getAttribute('href'))"),
                 "ids": set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)")),
                 "text": page.inner_text("article"),
@@ -126,6 +131,7 @@ def test_each_lesson_shows_its_figures_and_how_to_run_it(pages, notebook):
     figures = sum("image/png" in o.get("data", {}) for o in outputs) + widgets  # a widget is shown as its picture
     drawn = [(src, width) for src, width in page["images"] if src.startswith("../_images/")]
     assert len(drawn) == figures and all(width > 0 for _, width in drawn)
+    assert page["overflowing"] == []  # at the browser's 1400 x 1000, every figure fits the page
     assert "Run this lesson yourself" in page["text"] and "pytest -n 2" in page["text"]
     assert f"jupyter lab notebooks/{notebook.name}" in page["text"]
     assert not re.search(r"\bVBox\(|\bHBox\(|Output\(\)", page["text"]), "a widget shown as its repr"
