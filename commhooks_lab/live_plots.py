@@ -79,6 +79,14 @@ def decades(values: np.ndarray, most: int = 7) -> np.ndarray:
     return 10.0 ** np.arange(high, low - 1, -stride)[::-1]
 
 
+def symmetric_ticks(lim: float) -> np.ndarray:
+    """Five round ticks inside +-``lim``, the outer ones at most 0.8 lim, so that the two axes' end labels
+    keep clear of each other in the corner they share."""
+    step = 10.0 ** np.floor(np.log10(lim))
+    nice = next((m * step for m in (5, 4, 3, 2, 1, 0.5) if m * step <= 0.8 * lim), 0.5 * step)
+    return np.asarray([-nice, -nice / 2, 0.0, nice / 2, nice])
+
+
 def color_of(index: int) -> str:
     """A run's colour: by its place in the session, so it keeps it on every click."""
     return COLORS[index % len(COLORS)]
@@ -133,8 +141,8 @@ class LiveFigures:
             "hook's gradient h",
             [self.sample, self.diagonal],
         )
-        for axis in self.agreement_figure.axes:  # five ticks: nine "-4.0e-2" labels ran into each other
-            axis.tick_format, axis.num_ticks = ".1e", 5
+        for axis in self.agreement_figure.axes:
+            axis.tick_format = ".1e"
         #: The upper row's one-line reading (plots.takeaway), as text above it: a figure title would be cut.
         self.takeaway = w.HTML("")
         half = {"width": "50%"}
@@ -208,13 +216,18 @@ class LiveFigures:
         with self.points.hold_sync():
             self.points.x = np.asarray([p.x for p in points])
             self.points.y = np.asarray([p.y for p in points])
-            self.points.names = [p.label for p in points]
+            # numbered as in the runs table: bqplot keys a scatter's points by name, and two runs of one hook
+            # shared a name, which gave a point another run's colour
+            self.points.names = [f"{index[id(p.result)] + 1}. {p.label}" for p in points]
             self.points.colors = [color_of(index[id(p.result)]) for p in points]
         x_axis, y_axis = self.tradeoff.axes
         fit_log_axis(x_axis.scale, x_axis, self.points.x)
         fit_log_axis(y_axis.scale, y_axis, self.points.y)
         self.tradeoff_legend.value = legend_html(
-            [(f"{p.label}: {p.x:.1%} of the bytes, error {p.y:.2g}", color_of(index[id(p.result)])) for p in points]
+            [
+                (f"{name}: {p.x:.1%} of the bytes, error {p.y:.2g}", color_of(index[id(p.result)]))
+                for name, p in zip(self.points.names, points)
+            ]
         )
         self._show_agreement(results[-1], len(results) - 1)
         self._log_ticks()
@@ -233,8 +246,10 @@ class LiveFigures:
         self._show_error_legend(runs, first_index)
 
     def _show_error_legend(self, runs: list[Result], first_index: int, running: tuple[str, str] | None = None) -> None:
-        entries = [(r.name, color_of(first_index + i)) for i, r in enumerate(runs)]
-        self.error_legend.value = legend_html(entries + ([(f"{running[0]} (running)", running[1])] if running else []))
+        entries = [(f"{first_index + i + 1}. {r.name}", color_of(first_index + i)) for i, r in enumerate(runs)]
+        if running:
+            entries.append((f"{first_index + len(runs) + 1}. {running[0]} (running)", running[1]))
+        self.error_legend.value = legend_html(entries)
 
     def _show_agreement(self, result: Result, index: int) -> None:
         s = result.steps
@@ -257,4 +272,7 @@ class LiveFigures:
         with self.sample.hold_sync():
             self.sample.x, self.sample.y, self.sample.colors = exact, hook, [color_of(index)]
         self.diagonal.x, self.diagonal.y = np.asarray([-lim, lim]), np.asarray([-lim, lim])
+        for axis in self.agreement_figure.axes:  # nine "-4.0e-2" labels ran into each other, and into the corner
+            axis.scale.min, axis.scale.max = -1.05 * lim, 1.05 * lim
+            axis.tick_values = symmetric_ticks(lim)
         self.agreement_figure.title = f"{result.name}, {sample['layer']}: on the line, h = exact"

@@ -165,7 +165,7 @@ def test_the_dashboard_runs_exactly_what_its_controls_say(dashboard):
     line = dashboard.figures.error_lines[0]  # what the browser draws: the marks' data
     assert list(line.labels) == [result.name] and list(line.x) == [0, 1, 2, 3]
     np.testing.assert_array_equal(line.y, np.maximum(result.steps["rel_error"], plots.FLOOR))
-    assert [str(n) for n in dashboard.figures.points.names] == [result.name]  # fp16 compressed every step
+    assert [str(n) for n in dashboard.figures.points.names] == [f"1. {result.name}"]  # compressed every step
     assert "fp16_wrapper(power_sgd r2 no EF no warm start)" in dashboard.table.value
     assert not plt.get_fignums()  # the dashboard opens no matplotlib figure
 

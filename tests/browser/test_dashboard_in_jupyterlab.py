@@ -108,6 +108,9 @@ def test_the_dashboard_runs_a_hook_chosen_in_the_browser(jupyterlab, page):
         assert sum(drawn) == min(6, before + 1)  # one curve per plotted run (the last six), as the browser drew it
         assert "allreduce" in status.inner_text() and "rel_error" in status.inner_text()
         assert figure_text_problems(figures) == []
+        dots = figures.nth(1).locator("path.dot").evaluate_all("ds => ds.map(d => getComputedStyle(d).fill)")
+        keys = dashboard.locator(".hooklab-legend").nth(1).locator("span > span")
+        assert dots == keys.evaluate_all("ks => ks.map(k => getComputedStyle(k).color)")  # the legend is the data's
         page.set_viewport_size({"width": 1400, "height": 2400})  # the whole widget in view, for the site's picture
         dashboard.screenshot(path=str(SCREENSHOTS / "dashboard_widget.png"))
     finally:
