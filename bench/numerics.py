@@ -1,7 +1,10 @@
 """What portable numerics cost: step time of a run, and each notebook's run time, portable vs native.
 
-Every variant runs in fresh interpreters (the numerics of a process tree are fixed when it imports the lab),
-interleaved portable, native, portable, ... so machine noise hits both alike. Step time is the median
+Three variants: ``portable`` (the default: its AVX2 tier on a CPU that has AVX2), ``pre-avx2`` (the tier a CPU
+without AVX2 runs, which was the lab's only one before: ATen's plain kernels, oneDNN at SSE4.1, forced here with
+native numerics and those settings), and ``native``. Every variant runs in fresh interpreters (the numerics of a
+process tree are fixed when it imports the lab), interleaved portable, pre-avx2, native, portable, ... so machine
+noise hits all alike. Step time is the median
 ``step_time_s`` of a warm 2-rank run (forward, backward with the hook, optimizer step); ``--notebooks`` also
 executes every notebook once per variant in a clean kernel.
 
@@ -35,8 +38,15 @@ print(statistics.median(r.steps["step_time_s"].iloc[5:]))
 """
 
 
+#: The pre-AVX2 tier's settings (what a CPU without AVX2 falls to under portable numerics), on any CPU.
+PRE_AVX2 = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+VARIANTS = ("portable", "pre-avx2", "native")
+
+
 def environment(mode: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in PORTABLE_VARIABLES}
+    if mode == "pre-avx2":
+        return {**env, "COMMHOOKS_LAB_NUMERICS": "native", **PRE_AVX2, "PYTHONPATH": str(ROOT)}
     return {**env, "COMMHOOKS_LAB_NUMERICS": mode, "PYTHONPATH": str(ROOT)}
 
 
@@ -63,11 +73,15 @@ def notebook_times(mode: str) -> dict[str, float]:
     return times
 
 
-def row(name: str, portable: list[float], native: list[float], unit: str) -> str:
-    p, n = statistics.median(portable), statistics.median(native)
-    ratios = [a / b for a, b in zip(portable, native)]
-    spread = f"({min(ratios):.2f}-{max(ratios):.2f})"
-    return f"{name:34} {p:10.3f} {n:10.3f} {unit:3}  {statistics.median(ratios):5.2f}x {spread}"
+def _ratio(times: list[float], native: list[float]) -> str:
+    ratios = [a / b for a, b in zip(times, native)]
+    return f"{statistics.median(ratios):5.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def row(name: str, times: dict[str, list[float]], unit: str) -> str:
+    medians = " ".join(f"{statistics.median(times[v]):10.3f}" for v in VARIANTS)
+    ratios = "  ".join(_ratio(times[v], times["native"]) for v in ("portable", "pre-avx2"))
+    return f"{name:34} {medians} {unit:3}  {ratios}"
 
 
 def main() -> int:
@@ -75,20 +89,21 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--notebooks", action="store_true", help="also time every notebook (minutes)")
     args = parser.parse_args()
-    print(f"{'':34} {'portable':>10} {'native':>10}      portable / native (min-max)")
+    names = " ".join(f"{v:>10}" for v in VARIANTS)
+    print(f"{'':34} {names}      portable / native (min-max)  pre-avx2 / native")
     for case in CASES:
-        times: dict[str, list[float]] = {"portable": [], "native": []}
+        times: dict[str, list[float]] = {v: [] for v in VARIANTS}
         for _ in range(args.repeats):
             for mode in times:
-                times[mode].append(step_time(mode, case))
-        print(row(f"step time, {case}", [t * 1e3 for t in times["portable"]], [t * 1e3 for t in times["native"]], "ms"))
+                times[mode].append(1e3 * step_time(mode, case))
+        print(row(f"step time, {case}", times, "ms"), flush=True)
     if args.notebooks:
-        runs: dict[str, list[dict[str, float]]] = {"portable": [], "native": []}
+        runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
         for _ in range(max(1, args.repeats // 3)):
             for mode in runs:
                 runs[mode].append(notebook_times(mode))
         for name in runs["portable"][0]:
-            print(row(f"notebook {name}", [r[name] for r in runs["portable"]], [r[name] for r in runs["native"]], "s"))
+            print(row(f"notebook {name}", {v: [r[name] for r in runs[v]] for v in VARIANTS}, "s"))
     return 0
 
 

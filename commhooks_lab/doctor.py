@@ -311,7 +311,13 @@ def check_numerics() -> Check:
     )
     if numerics.mode() == numerics.NATIVE:
         advice = (
-            f"unset {numerics.MODE_VARIABLE} (portable numerics give the reference bits on any x86-64 CPU); " + advice
+            f"unset {numerics.MODE_VARIABLE} (portable numerics give the reference bits on any x86-64 CPU with "
+            "AVX2); " + advice
+        )
+    elif seen["aten_kernels"] == "DEFAULT":
+        advice = (
+            "this CPU has no AVX2, so portable numerics run their pre-AVX2 tier (ATen's plain kernels, oneDNN at "
+            "SSE4.1), whose bits are not the committed outputs' (made in the AVX2 tier); " + advice
         )
     return Check("reference numbers", INFO, f"{where}: " + "; ".join(problems), advice)
 

@@ -210,7 +210,8 @@ class LiveFigures:
         recent = results[-self.max_runs :]
         offset = len(results) - len(recent)
         self._draw_error_lines(recent, offset)
-        self.takeaway.value = f"<b>{html.escape(takeaway(recent))}</b>"
+        which = f"The last {len(recent)} runs (plotted): " if len(recent) < len(results) else ""
+        self.takeaway.value = f"<b>{html.escape(which + takeaway(recent))}</b>"
         points, _, _ = tradeoff_points(recent)
         index = {id(r): offset + i for i, r in enumerate(recent)}
         with self.points.hold_sync():
@@ -255,13 +256,13 @@ class LiveFigures:
         s = result.steps
         spread = np.asarray(s["rank_spread"], dtype=float)
         agree = bool(spread.max() == 0)
-        self.spread.title = (
-            f"{result.name}: all ranks agree at every step" if agree else f"{result.name}: ranks differ (0 = agree)"
+        self.spread.title = (  # a spread of 0 is drawn on the floor of the log axis, not left out
+            f"{result.name}: all ranks agree (0, on the floor)" if agree else f"{result.name}: ranks differ (0 = agree)"
         )
         with self.spread_line.hold_sync():
             self.spread_line.x = np.asarray(s["step"], dtype=float)
             self.spread_line.y = np.maximum(spread, FLOOR)
-            self.spread_line.colors, self.spread_line.visible = [color_of(index)], not agree
+            self.spread_line.colors, self.spread_line.visible = [color_of(index)], True
         sample: Any = result.sample
         if not sample:
             self.sample.x, self.sample.y, self.diagonal.x, self.diagonal.y = _EMPTY, _EMPTY, _EMPTY, _EMPTY

@@ -440,7 +440,7 @@ def accuracy_over_time(results: Iterable[Result], target: float | None = None, t
         (line,) = ax.plot(seconds[evaluated.index], evaluated, marker=".", color=colors.get(r.name), label=label)
         colors.setdefault(r.name, line.get_color())
     if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target accuracy {target:g}")
     ax.set(xscale="log", xlabel="training time, rank 0 (s, log; evaluation left out)", ylabel="test accuracy",
            title=title or "Accuracy over training time")  # fmt: skip
     ax.legend(fontsize="small", loc="lower right")
@@ -544,7 +544,8 @@ def resumed(results: Iterable[Result], at: int) -> Figure:
     axes[1].set(xlabel="step", ylabel="cumulative_rel_error", title="Error of the summed gradient")
     axes[2].set(xlabel="step", ylabel="bytes", yscale="log", title="payload_bytes per step (rank 0)")
     for ax in axes:
-        ax.axvline(at - 0.5, color="gray", linewidth=0.8, linestyle=":")
+        ax.axvline(at - 0.5, color="gray", linewidth=0.8, linestyle=":", label=f"restart (resumed at step {at})")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[0].legend(fontsize="small")
+    # under the panels: inside one, the runs' and the restart's entries covered its curves
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize="small")
     return fit_titles(fig)

@@ -180,7 +180,8 @@ def test_the_resume_plot_draws_every_run_in_each_panel_and_marks_the_restart():
         lines = [line for line in ax.get_lines() if line.get_label() in ("whole", "kept", "lost")]
         assert len(lines) == 3
         assert any(list(line.get_xdata()) == [1.5, 1.5] for line in ax.get_lines())
-    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["whole", "kept", "lost"]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["whole", "kept", "lost", "restart (resumed at step 2)"]
 
 
 class Fp16FeedbackState:

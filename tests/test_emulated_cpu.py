@@ -1,10 +1,12 @@
-"""Another CPU, for real: ranks under an emulated Haswell (AVX2, no AVX-512) give this machine's numbers bit for bit.
+"""Other CPUs, for real: ranks under an emulated Intel Haswell and an emulated AMD EPYC (AVX2, no AVX-512) give
+this machine's numbers bit for bit.
 
-qemu-user runs each rank's interpreter as if on the older CPU (``torch.backends.cpu.get_cpu_capability()`` there
-says AVX2 with native numerics). What worked: this native parent, and ranks spawned through a wrapper executable
-(``multiprocessing.set_executable``) that execs the interpreter under ``qemu-x86_64 -cpu Haswell-v4``; an exec from
-inside qemu-user runs natively, and qemu-user 7.2 aborts when a threaded process forks, so neither a forkserver
-nor an emulated parent would do. About 12x slower than native (``import torch`` ~20 s).
+qemu-user runs each rank's interpreter as if on the other CPU (``torch.backends.cpu.get_cpu_capability()`` there
+says AVX2, and the CPU's vendor is the model's: GenuineIntel or AuthenticAMD, which MKL reads). What worked: this
+native parent, and ranks spawned through a wrapper executable (``multiprocessing.set_executable``) that execs the
+interpreter under ``qemu-x86_64 -cpu MODEL``, one rank on each model; an exec from inside qemu-user runs natively,
+and qemu-user 7.2 aborts when a threaded process forks, so neither a forkserver nor an emulated parent would do.
+About 12x slower than native (``import torch`` ~20 s).
 """
 
 import multiprocessing
@@ -24,6 +26,8 @@ pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 QEMU = shutil.which("qemu-x86_64")
 CPU = "Haswell-v4"
+#: One rank on each vendor's model: Intel's Haswell, AMD's first EPYC (Zen).
+CPUS = ("Haswell-v4", "EPYC")
 #: An MLP (MKL's GEMM, ATen's kernels), PowerSGD (QR, Gram-Schmidt) and a CNN (oneDNN's convolutions).
 CASES = {
     "mlp fp16": {"model": "mlp", "hook": "fp16"},
@@ -54,10 +58,32 @@ def _no_emulator() -> None:
 def emulated_python(tmp_path_factory):
     if QEMU is None or platform.machine() != "x86_64":
         _no_emulator()
-    wrapper = tmp_path_factory.mktemp("qemu") / "python-on-haswell"
+    folder = tmp_path_factory.mktemp("qemu")
+    wrapper = folder / "python-on-haswell"
     wrapper.write_text(f'#!/bin/sh\nexec {QEMU} -cpu {CPU} {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     return str(wrapper)
+
+
+@pytest.fixture(scope="module")
+def python_on_either_vendor(tmp_path_factory):
+    """An executable whose spawned ranks run on the models of CPUS in turn (flock keeps the count); it logs which.
+    Other children of multiprocessing (its resource tracker) run natively."""
+    if QEMU is None or platform.machine() != "x86_64":
+        _no_emulator()
+    folder = tmp_path_factory.mktemp("qemu")
+    wrapper = folder / "python-on-intel-or-amd"
+    wrapper.write_text(
+        "#!/bin/bash\n"
+        f'case "$*" in *spawn_main*) ;; *) exec {sys.executable} "$@" ;; esac\n'
+        f"exec 9>{folder}/lock; flock 9\n"
+        f"n=$(wc -l < {folder}/log 2>/dev/null || echo 0)\n"
+        f"cpus=({' '.join(CPUS)}); cpu=${{cpus[$((n % {len(CPUS)}))]}}\n"
+        f"echo $cpu >> {folder}/log; exec 9>&-\n"
+        f'exec {QEMU} -cpu $cpu {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return str(wrapper), folder / "log"
 
 
 def test_the_emulated_cpu_is_another_cpu_and_native_numerics_show_it(emulated_python):
@@ -71,10 +97,11 @@ def test_the_emulated_cpu_is_another_cpu_and_native_numerics_show_it(emulated_py
     assert fingerprint.differences(seen) != []  # portable numerics there: the next test's ranks
 
 
-def test_ranks_on_an_emulated_cpu_give_this_machines_numbers_bit_for_bit(emulated_python):
+def test_ranks_on_emulated_intel_and_amd_cpus_give_this_machines_numbers_bit_for_bit(python_on_either_vendor):
+    executable, log = python_on_either_vendor
     native = {name: lab.run(steps=STEPS, fresh=True, timeout_s=TIMEOUT_S, **case) for name, case in CASES.items()}
     previous = spawn.get_executable()
-    multiprocessing.set_executable(emulated_python)
+    multiprocessing.set_executable(executable)
     try:
         with lab.Cluster(world_size=2, start_method="spawn", timeout_s=TIMEOUT_S) as emulated:
             kernels = emulated.run(lambda ctx: __import__("torch").backends.cpu.get_cpu_capability())
@@ -84,6 +111,7 @@ def test_ranks_on_an_emulated_cpu_give_this_machines_numbers_bit_for_bit(emulate
             }
     finally:
         multiprocessing.set_executable(previous)
-    assert kernels == ["DEFAULT", "DEFAULT"]
+    assert kernels == ["AVX2", "AVX2"]  # the AVX2 tier of portable numerics, on both vendors' models
+    assert sorted(log.read_text().split()) == sorted(CPUS)
     for name in CASES:
         assert_same_run(runs[name], native[name])

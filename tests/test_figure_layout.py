@@ -36,10 +36,11 @@ def test_a_tidy_figure_passes():
         (lambda fig, ax: ax.set_title("a title far too long to fit the width of this small figure " * 2), "outside"),
         (lambda fig, ax: [ax.text(x, 50, f"note {x}", fontsize=14) for x in (0.5, 0.6)], "overlaps"),
         (lambda fig, ax: ax.legend(loc="lower right", fontsize=30), "covers"),
+        (lambda fig, ax: ax.text(4, 20, "a note on the line", fontsize=12), "the note 'a note on the line' covers"),
         (lambda fig, ax: ax.set_ylabel(""), "has no label"),
         (lambda fig, ax: ax.set_yticks([50]), "one tick"),
     ],
-    ids=["cut-off title", "texts collide", "legend on data", "no unit", "one tick"],
+    ids=["cut-off title", "texts collide", "legend on data", "note on data", "no unit", "one tick"],
 )
 def test_each_kind_of_unreadable_figure_is_named(spoil, says):
     fig, ax = tidy()

@@ -38,21 +38,35 @@ def test_ranks_get_the_portable_variables_and_native_gets_none(monkeypatch):
         numerics.mode()
 
 
-def test_this_process_runs_atens_default_kernels_on_one_thread():
+def _cpu_flags() -> set[str]:
+    lines = [line for line in open("/proc/cpuinfo") if line.startswith("flags")]
+    return set(lines[0].split(":", 1)[1].split()) if lines else set()
+
+
+#: The tier this CPU runs: ATen's AVX2 kernels where the CPU has AVX2 and FMA, its plain C++ kernels elsewhere.
+TIER_KERNELS = "AVX2" if {"avx2", "fma"} <= _cpu_flags() else "DEFAULT"
+
+
+def test_this_process_runs_its_tiers_kernels_on_one_thread():
+    import torch
+
+    torch.ones(1).add_(1)  # ATen picks its kernels at the first operation
     info = numerics.describe()
-    assert info["mode"] == "portable" and info["aten_kernels"] == "DEFAULT" and info["threads"] == 1
+    assert info["mode"] == "portable" and info["aten_kernels"] == TIER_KERNELS and info["threads"] == 1
+    assert info["tier"] == numerics.TIERS[TIER_KERNELS]
     assert info["problems"] == [] and lab.NUMERICS_PROBLEMS == []
 
 
-def test_the_ranks_run_the_default_kernels_too(cluster):
+def test_the_ranks_run_the_tiers_kernels_too(cluster):
     seen = cluster.run(lambda ctx: numerics.describe())
-    assert [(s["aten_kernels"], s["threads"], s["MKL_CBWR"]) for s in seen] == [("DEFAULT", 1, "COMPATIBLE")] * 2
+    assert [(s["aten_kernels"], s["threads"], s["MKL_CBWR"]) for s in seen] == [(TIER_KERNELS, 1, "COMPATIBLE")] * 2
 
 
 def test_native_numerics_leave_the_cpus_own_kernels():
     code = "import commhooks_lab, torch; print(torch.backends.cpu.get_cpu_capability())"
-    assert _python(code, COMMHOOKS_LAB_NUMERICS="native") != "DEFAULT"
-    assert _python(code) == "DEFAULT"
+    own = _python("import torch; print(torch.backends.cpu.get_cpu_capability())", COMMHOOKS_LAB_NUMERICS="native")
+    assert _python(code, COMMHOOKS_LAB_NUMERICS="native") == own
+    assert _python(code) == TIER_KERNELS
 
 
 def test_torch_used_before_the_import_is_reported_not_hidden():
@@ -74,16 +88,18 @@ def test_this_machine_gives_the_reference_bits(portable_fingerprint):
 
 
 def test_another_kernel_path_shows_in_the_fingerprint(portable_fingerprint):
-    """The fingerprint has teeth: the CPU's AVX2 kernels and MKL's AVX2 path (native numerics) give other bits."""
+    """The fingerprint has teeth: MKL's AVX2 path (native numerics) gives other bits than its CPU-independent one,
+    and so does the pre-AVX2 tier (ATen's plain kernels, oneDNN at SSE4.1) than the AVX2 tier."""
+    if portable_fingerprint["aten_kernels"] != "AVX2":
+        pytest.skip(f"this CPU runs the pre-AVX2 tier ({portable_fingerprint['aten_kernels']})")
     env = {**fingerprint.environment(), "COMMHOOKS_LAB_NUMERICS": "native", "ATEN_CPU_CAPABILITY": "avx2"}
-    env.update(MKL_CBWR="AVX2")
-    env.pop("ONEDNN_MAX_CPU_ISA")
-    seen = fingerprint.in_child(env)
-    if seen["aten_kernels"] != "AVX2":
-        pytest.skip(f"this CPU cannot run ATen's AVX2 kernels ({seen['aten_kernels']})")
-    problems = fingerprint.differences(seen, portable_fingerprint)
-    assert any(p.startswith("random differs") for p in problems), problems
+    env.update(MKL_CBWR="AVX2", ONEDNN_MAX_CPU_ISA="AVX2")
+    problems = fingerprint.differences(fingerprint.in_child(env), portable_fingerprint)
     assert any(p.startswith("mlp differs") for p in problems), problems
+    env.update(ATEN_CPU_CAPABILITY="default", MKL_CBWR="COMPATIBLE", ONEDNN_MAX_CPU_ISA="SSE41")
+    problems = fingerprint.differences(fingerprint.in_child(env), portable_fingerprint)
+    assert any(p.startswith("random differs") for p in problems), problems
+    assert any(p.startswith("conv differs") for p in problems), problems
 
 
 def test_a_build_without_a_reference_is_named():

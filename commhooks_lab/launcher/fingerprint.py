@@ -138,7 +138,7 @@ def differences(seen: dict, ref: dict | None = None) -> list[str]:
 def main(argv: list[str]) -> int:
     if argv == ["--write"]:
         seen = in_child()
-        path = Path(__file__).with_name(REFERENCE_FILE)
+        path = Path(__file__).parents[1] / REFERENCE_FILE  # package data at the top, where reference() reads it
         path.write_text(json.dumps(seen, indent=2, sort_keys=True) + "\n")
         print(f"wrote {path}: {seen}")
         return 0

@@ -2,7 +2,7 @@
 
 - Notebooks, strict: ``pytest --nbval --nbval-current-env --nbval-sanitize-with <sanitize_file()>``
   (:func:`nbval_args`). With portable numerics (the default) the lab's outputs repeat bit for bit on any
-  x86-64 CPU with the same torch build.
+  x86-64 CPU with AVX2 and the same torch build.
 - Notebooks, tolerant: add ``--lab-tolerant`` (this package's pytest plugin, :mod:`.plugin`) where bits cannot
   repeat (another architecture or build, native numerics): numbers compare within the tolerances the notebook
   states in its metadata, integers and all other text exactly; a table says what moved and by how much.

@@ -5,7 +5,7 @@ drawn, so the checks are exact at the figure's own size and resolution:
 
 - no two texts overlap (titles, labels, tick labels, legend entries, annotations);
 - no text falls outside the figure (it would be cut off where the figure is shown at its size);
-- no legend covers a plotted point or line of its axes;
+- no legend, and no note written inside the axes, covers a plotted point or line;
 - every numeric axis that shows ticks shows at least two, and has a label (where the units go).
 
 ``check_on_show()`` makes ``plt.show()`` raise :class:`FigureLayoutError` with every problem, so
@@ -114,6 +114,10 @@ def _data_points(ax, renderer):
     return xy[(xy[:, 0] >= inside.x0) & (xy[:, 0] <= inside.x1) & (xy[:, 1] >= inside.y0) & (xy[:, 1] <= inside.y1)]
 
 
+def _inside(xy, box) -> int:
+    return int(((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1) & (xy[:, 1] > box.y0) & (xy[:, 1] < box.y1)).sum())
+
+
 def _has_data(ax) -> bool:
     return bool(ax.lines or ax.collections or ax.patches or ax.images)
 
@@ -138,13 +142,16 @@ def check_figure(fig) -> list[Problem]:
         if _shrunk(box_a).overlaps(_shrunk(box_b)):
             problems.append(Problem(name, f"{a.get_text()!r} overlaps {b.get_text()!r}"))
     for ax in fig.axes:
+        xy = _data_points(ax, renderer)
         legend = ax.get_legend()
-        if legend is not None and legend.get_visible():
-            box = _shrunk(legend.get_window_extent(renderer), 2 * SLACK_PX)
-            xy = _data_points(ax, renderer)
-            covered = int(((xy[:, 0] > box.x0) & (xy[:, 0] < box.x1) & (xy[:, 1] > box.y0) & (xy[:, 1] < box.y1)).sum())
+        covering = (
+            [(f"the legend of {ax.get_title()!r}", legend)] if legend is not None and legend.get_visible() else []
+        )
+        covering += [(f"the note {t.get_text()[:40]!r}", t) for t in ax.texts if t.get_visible() and t.get_text()]
+        for what, artist in covering:
+            covered = _inside(xy, _shrunk(artist.get_window_extent(renderer), 2 * SLACK_PX))
             if covered:
-                problems.append(Problem(name, f"the legend of {ax.get_title()!r} covers {covered} plotted points"))
+                problems.append(Problem(name, f"{what} covers {covered} plotted points"))
         if not (ax.get_visible() and ax.axison and _has_data(ax)):
             continue
         for axis, label in ((ax.xaxis, ax.get_xlabel()), (ax.yaxis, ax.get_ylabel())):
