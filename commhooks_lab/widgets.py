@@ -76,7 +76,9 @@ class HookLab:
         self.world_size = w.Dropdown(options=[1, 2, 3, 4], value=world_size, description="world_size", style=style)
         self.steps = w.IntSlider(value=steps, min=2, max=200, description="steps", style=style)
         self.model = w.Dropdown(options=list(TASKS), value=model, description="model", style=style)
-        self.link = w.Dropdown(options=LINK_CHOICES, value="none", description="link", style=style)
+        self.link = w.Dropdown(
+            options=LINK_CHOICES, value="none", description="link", style=style, layout=w.Layout(width="max-content")
+        )  # its first choice is long: the default width cut it
         self.link_note = w.HTML("")
         self.run_button = w.Button(description="Run", button_style="primary", icon="play")
         self.progress = w.IntProgress(value=0, min=0, max=steps, description="steps done")
