@@ -118,7 +118,10 @@ def test_the_reference_outer_step_is_torchs_nesterov_sgd():
         for i, p in enumerate(theirs):
             p.grad = sum(p.detach() - rank[i] for rank in local) / len(local)
         sgd.step()
-    assert all(torch.equal(a, b.detach()) for a, b in zip(ours, theirs))
+    # Within the exercise's own closeness, not bit for bit: torch's SGD computes Δ + m b and θ - lr g with
+    # add(alpha=), which ATen's AVX2 kernels fuse into one rounding (FMA); the reference spells out two.
+    assert ex._close(ours, [b.detach() for b in theirs])
+    assert not ex._close(ours, [p.clone() for p in theta])  # and it did move
 
 
 def test_the_outer_step_exercise_on_its_three_paths():
