@@ -38,7 +38,7 @@ def fit_titles(fig):
     ``fig``: a title that states the takeaway is long, and one line ran off the figure, cut where it is shown."""
     import textwrap
 
-    fig.canvas.draw()
+    fig.draw_without_rendering()  # the layout and text sizes, without painting pixels the notebook paints again
     renderer = fig.canvas.get_renderer()
     titles = [(ax.title, ax.get_window_extent(renderer).width) for ax in fig.axes if ax.get_title()]
     suptitle = getattr(fig, "_suptitle", None)
