@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import signal
 import time
 
@@ -85,7 +87,9 @@ def pytest_configure(config):
     folder = tempfile.mkdtemp(prefix="commhooks-ipython-")
     write_ipython_startup(folder)
     os.environ["IPYTHONDIR"] = folder
-    config.add_cleanup(lambda: __import__("shutil").rmtree(folder, ignore_errors=True))
+    # at exit, not at pytest's clean-up: registered before any in-process IPython shell, so it runs after
+    # the shell writes its history there
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -191,7 +191,7 @@ def test_nothing_is_left_behind_ranks_veths_or_namespaces():
     assert not wait_gone(ranks)
     deadline = time.monotonic() + 10
     while any(f"lab{pid}" in _interfaces(server) for pid in ranks) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the kernel removes a dead rank's namespace, and its veth pair, in the background
+        time.sleep(0.05)  # each rank deletes its veth pair as it leaves
     assert _interfaces(server) == {"lo", private_network.BRIDGE}
     host = rank_server._servers.pop(next(k for k, s in rank_server._servers.items() if s.pid == server))
     host.stop()

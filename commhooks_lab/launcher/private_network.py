@@ -153,10 +153,12 @@ def join(link: Any) -> str:
     pid = os.getpid()
     host_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
     own_ns = -1
+    far = f"lab{pid}"
+    # a rank killed before :func:`leave` leaves its switch end to the kernel's background clean-up
+    subprocess.run([_tool("ip"), "link", "del", far], capture_output=True)
     try:
         _call("unshare", CLONE_NEWNET)
         own_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
-        far = f"lab{pid}"
         _run(
             "ip",
             [
@@ -183,6 +185,15 @@ def join(link: Any) -> str:
         if own_ns >= 0:
             os.close(own_ns)
     return IFACE
+
+
+def leave() -> None:
+    """A rank's last act on a clean exit: delete its veth, which takes the switch's end with it at once.
+
+    The kernel would remove both when the rank's namespace goes, but in the background and, on a busy
+    machine, seconds later: a rank forked meanwhile with the same pid would find its switch-side name taken.
+    """
+    subprocess.run([_tool("ip"), "link", "del", IFACE], capture_output=True)
 
 
 def qdisc_bytes(dev: str = IFACE) -> int:

@@ -247,6 +247,10 @@ def worker_main(
         else:
             channel.send(RESULT, value)
     dist.destroy_process_group()
+    if link is not None:
+        from .private_network import leave
+
+        leave()
     conn.close()
     # Every result is delivered. Skip C++ static destructors: a joinable gloo thread destroyed
     # there aborts the process now and then ("terminate called without an active exception").
