@@ -117,7 +117,7 @@ class LiveFigures:
             x=_EMPTY, y=_EMPTY, scales={"x": payload, "y": mean_error}, names=[], display_names=False, default_size=90
         )
         self.tradeoff = _figure(
-            "Bytes vs error: lower left is better",
+            "Bytes saved vs error paid in one step",
             payload,
             mean_error,
             "payload / fp32 all-reduce payload (log)",

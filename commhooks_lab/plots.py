@@ -188,7 +188,7 @@ def _draw_tradeoff(ax, results: list[Result], colors: dict[str, Any] | None = No
         yscale="log",
         xlabel="payload / fp32 allreduce payload (bytes ratio)",
         ylabel="mean rel_error per step",
-        title="Bytes saved vs error paid (lower left is better)",
+        title="Bytes saved vs error paid in one step",
     )
     ax.xaxis.set_minor_locator(NullLocator())
     decades = [10.0**k for k in range(int(np.floor(np.log10(smallest))), 1) if 10.0**k > 2.5 * zero_x]
@@ -239,23 +239,33 @@ def loss_curves(results: Iterable[Result], baseline: str | None = "allreduce") -
 
 
 def precision_histogram(results: Iterable[Result]) -> Figure:
-    """Element-wise |h - exact| / |exact| of one layer, with fp16's and bf16's unit roundoff marked."""
+    """Element-wise |h - exact| / |exact| of one layer, with fp16's and bf16's unit roundoff marked.
+
+    The bins span the decades the errors fill, not a fixed range; elements the hook got exactly right have no
+    place on a log axis, so the legend counts them instead.
+    """
     fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
-    bins = np.logspace(-12, 1, 66)
+    errors = []
     for r in _list(results):
-        if not r.sample:
-            continue
-        exact, hook = np.asarray(r.sample["exact"]), np.asarray(r.sample["hook"])
-        keep = exact != 0
-        rel = _positive(np.abs(hook[keep] - exact[keep]) / np.abs(exact[keep]))
-        ax.hist(rel, bins=list(bins), histtype="step", linewidth=1.5, label=f"{r.name} ({r.sample['layer']})")
+        if r.sample:
+            exact, hook = np.asarray(r.sample["exact"]), np.asarray(r.sample["hook"])
+            keep = exact != 0
+            errors.append((r, np.abs(hook[keep] - exact[keep]) / np.abs(exact[keep])))
+    nonzero = np.concatenate([rel[rel > 0] for _, rel in errors] or [np.array([BF16_UNIT_ROUNDOFF])])
+    low = min(np.floor(np.log10(nonzero.min())), np.floor(np.log10(FP16_UNIT_ROUNDOFF)))
+    high = max(np.ceil(np.log10(nonzero.max())), 0.0)
+    bins = np.logspace(low, high, int(high - low) * 5 + 1)
+    for r, rel in errors:
+        exact_count = int((rel == 0).sum())
+        label = f"{r.name} ({r.sample['layer']}; {exact_count} of {rel.size} exact)"
+        ax.hist(rel[rel > 0], bins=list(bins), histtype="step", linewidth=1.5, label=label)
     marks = ((FP16_UNIT_ROUNDOFF, "fp16 unit roundoff 2^-11"), (BF16_UNIT_ROUNDOFF, "bf16 unit roundoff 2^-8"))
     for value, text in marks:
         ax.axvline(value, color="gray", linestyle=":")
         ax.text(value, 0.97, " " + text, rotation=90, va="top", fontsize="small", transform=ax.get_xaxis_transform())
     ax.set(
         xscale="log",
-        xlabel="element-wise relative error |h - exact| / |exact|",
+        xlabel="element-wise relative error |h - exact| / |exact| (exact elements: in the legend)",
         ylabel="elements",
         title="Rounding error per element",
     )

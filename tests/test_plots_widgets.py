@@ -110,6 +110,18 @@ def test_precision_histogram_marks_both_unit_roundoffs(results):
     assert marks == [2**-11, 2**-8]
 
 
+def test_precision_histogram_bins_span_the_errors_and_counts_exact_elements(results):
+    """No empty decades below the smallest error, and elements rounded exactly are counted, not hidden."""
+    fp16 = results.by_name("fp16")
+    exact, hook = np.asarray(fp16.sample["exact"]), np.asarray(fp16.sample["hook"])
+    rel = np.abs(hook[exact != 0] - exact[exact != 0]) / np.abs(exact[exact != 0])
+    ax = plots.precision_histogram([fp16]).axes[0]
+    (bars,) = ax.patches
+    left = bars.get_path().vertices[:, 0].min()
+    assert left <= rel[rel > 0].min() < 10 * left
+    assert f"{int((rel == 0).sum())} of {rel.size} exact" in ax.get_legend().get_texts()[0].get_text()
+
+
 def test_singular_values_draw_the_spectrum_and_the_rank_cuts(results):
     result = results.by_name("fp16")
     ax = plots.singular_values(result, matrix_ranks=(1, 4)).axes[0]
