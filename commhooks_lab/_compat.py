@@ -17,6 +17,7 @@ __all__ = [
     "batched_fix_active",
     "comm_hook_check_error",
     "compiled_autograd",
+    "disable_dynamo_lazily",
     "future_type",
     "graph_breaks",
     "intercept_comm_hook_registration",
@@ -259,6 +260,16 @@ def compiled_autograd(compiler_fn: Callable):
     return module._enable(compiler_fn)
 
 
+def disable_dynamo_lazily(fn: Callable) -> Callable:
+    """``torch.compiler.disable(fn)`` that imports Dynamo only when ``fn`` is first called (private
+    ``torch._disable_dynamo``): the import takes about a second, which a process that never compiles (a
+    notebook's kernel choosing a compressor) should not pay. Without it, the eager ``torch.compiler.disable``."""
+    import torch
+
+    lazy = getattr(torch, "_disable_dynamo", None)
+    return torch.compiler.disable(fn) if lazy is None else lazy(fn)
+
+
 def graph_breaks() -> dict[str, int]:
     """Dynamo's graph breaks in this process so far, reason -> count (private ``torch._dynamo.utils.counters``).
 
@@ -284,4 +295,5 @@ TOUCHES = (
     ("optimize_ddp", "torch._dynamo.config.optimize_ddp (set before DDP wraps the model)"),
     ("compiled_autograd", "torch._dynamo.compiled_autograd._enable (private)"),
     ("graph_breaks", 'torch._dynamo.utils.counters["graph_break"] (private)'),
+    ("disable_dynamo_lazily", "torch._disable_dynamo (private; else the eager torch.compiler.disable)"),
 )

@@ -16,7 +16,7 @@ VERSIONS = _compat.versions()
 def test_every_touch_is_listed_and_exists():
     names = [name for name, _ in _compat.TOUCHES]
     assert all(callable(getattr(_compat, n)) for n in names)
-    assert len(names) == 11
+    assert len(names) == 12
 
 
 def test_power_sgd_defaults_come_from_the_signature():
@@ -138,3 +138,18 @@ def test_accelerate_state_reset_exists():
     assert hasattr(AcceleratorState, "_reset_state") and hasattr(GradientState, "_reset_state"), VERSIONS
     assert "reset_partial_state" in inspect.signature(AcceleratorState._reset_state).parameters, VERSIONS
     _compat.reset_accelerate_state()
+
+
+def test_choosing_a_compressor_does_not_import_dynamo():
+    """The compressors' compiled-autograd path is disabled for Dynamo lazily: a kernel that only chooses and
+    checks a top-k run must not pay Dynamo's import, about a second (tests/test_compile_compat.py runs that
+    path under compiled autograd)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from commhooks_lab.experiment import ExperimentConfig, as_config; "
+        "as_config('topk', ExperimentConfig()).check(); print('torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"]

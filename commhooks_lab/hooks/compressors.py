@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .. import _compat
 from .contract import completed_future
 
 __all__ = [
@@ -336,7 +337,7 @@ def compressor_hook(state: CompressorState, bucket):
 
 # Traced by Dynamo, top-k and sign fail (torch 2.13: "AssertionError: sources must not be empty for symbol
 # ..."), so under compiled autograd one parameter's exchange runs eagerly inside the compiled backward.
-@torch.compiler.disable
+@_compat.disable_dynamo_lazily
 def _exchange_one(state: CompressorState, grad: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     if id(param) in state.pending:  # no bucket.is_last() here: a repeat means a new backward
         state.step += 1
