@@ -250,14 +250,13 @@ def precision_histogram(results: Iterable[Result]) -> Figure:
         if r.sample:
             exact, hook = np.asarray(r.sample["exact"]), np.asarray(r.sample["hook"])
             keep = exact != 0
-            errors.append((r, np.abs(hook[keep] - exact[keep]) / np.abs(exact[keep])))
+            errors.append((f"{r.name} ({r.sample['layer']}", np.abs(hook[keep] - exact[keep]) / np.abs(exact[keep])))
     nonzero = np.concatenate([rel[rel > 0] for _, rel in errors] or [np.array([BF16_UNIT_ROUNDOFF])])
     low = min(np.floor(np.log10(nonzero.min())), np.floor(np.log10(FP16_UNIT_ROUNDOFF)))
     high = max(np.ceil(np.log10(nonzero.max())), 0.0)
     bins = np.logspace(low, high, int(high - low) * 5 + 1)
-    for r, rel in errors:
-        exact_count = int((rel == 0).sum())
-        label = f"{r.name} ({r.sample['layer']}; {exact_count} of {rel.size} exact)"
+    for name, rel in errors:
+        label = f"{name}; {int((rel == 0).sum())} of {rel.size} exact)"
         ax.hist(rel[rel > 0], bins=list(bins), histtype="step", linewidth=1.5, label=label)
     marks = ((FP16_UNIT_ROUNDOFF, "fp16 unit roundoff 2^-11"), (BF16_UNIT_ROUNDOFF, "bf16 unit roundoff 2^-8"))
     for value, text in marks:
