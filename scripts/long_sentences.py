@@ -27,7 +27,8 @@ _DROP = [
     (re.compile(r"<[^>]+>"), " "),
     (re.compile(r"^\s*[#|].*$", re.M), " "),  # headings and table rows are not sentences
 ]
-#: A sentence ends at . ! ? or a colon before a list, followed by a space and a capital (or code), a list item or a new paragraph.
+#: A sentence ends at . ! ? or a colon before a list, followed by a space and a capital (or code), a list item or
+#: a new paragraph.
 _END = re.compile(r"(?<=[.!?])[*\"')’]*\s+(?=[A-Z(\"'*]|code\b)|\n\s*\n|\n\s*[-*]\s+|\n\s*\d+\.\s+")
 _ITEM = re.compile(r"^(?:[-*]|\d+\.)\s+")
 _WORD = re.compile(r"[A-Za-z0-9][\w'’.-]*")

@@ -2,9 +2,11 @@
 hold there by accident (allreduce_hook and the C++ reducer agree bit for bit at W = 2 and 4, not at 3)."""
 
 import pytest
+import torch
 from test_engine import analytic_powersgd_bytes
 
 import commhooks_lab as lab
+from commhooks_lab.studies import precision
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -50,3 +52,46 @@ def test_accelerate_registers_the_hook_plain_pytorch_would(three):
     runs = [lab.run(hook="power_sgd", state_options=state, steps=4, api=api, world_size=W, cluster=three)
             for api in ("torch", "accelerate")]  # fmt: skip
     assert runs[0].final["param_digests"] == runs[1].final["param_digests"]
+
+
+def test_the_ring_on_three_real_ranks_is_notebook_9s_replay(three):
+    """Notebook 9: real ranks round as the replay does, in float16 too, so the replay's bound checks are theirs."""
+    grads = precision.local_gradients("mlp", W)
+    exact = grads.double().mean(dim=0)
+    dtypes = (torch.bfloat16, torch.float16)
+    runs = lab.compare([{"hook": "ring16", "state_options": {"dtype": str(d).replace("torch.", "")}} for d in dtypes],
+                       steps=1, world_size=W, cluster=three)  # fmt: skip
+    for dtype, run in zip(dtypes, runs):
+        replay = precision.rel_error(precision.reduce_16bit(grads, dtype, "ring"), exact)
+        assert run.steps["rel_error"].iloc[0] == pytest.approx(replay, rel=1e-9), dtype
+        assert run.ranks_agree
+
+
+@pytest.mark.parametrize("world", [W, 4])
+def test_the_rings_error_is_within_its_bound_where_the_bounds_condition_holds(world):
+    """Notebook 9: |h - mean| <= gamma_(W+1) sum|g_r|/W per element while no rounded value is subnormal; float16
+    breaks the condition on these gradients (and the plain bound on some elements), the underflow term repairs it."""
+    grads = precision.local_gradients("mlp", world)
+    bf16, fp16 = (precision.ring_bound_check(grads, d) for d in (torch.bfloat16, torch.float16))
+    for check in (bf16, fp16):
+        assert check["overflow"] == 0
+        assert check["over_bound_where_it_holds"] == 0 and check["over_bound_with_underflow"] == 0
+    # bfloat16 has float32's exponent range: the condition holds everywhere, so the norm-wise bound is a bound
+    assert bf16["subnormal"] == 0 and bf16["over_bound"] == 0
+    ring = precision.rel_error(precision.reduce_16bit(grads, torch.bfloat16, "ring"), grads.double().mean(dim=0))
+    assert ring <= precision._worst_case_bound(grads, torch.bfloat16)
+    assert fp16["subnormal"] > 0 and fp16["over_bound"] > 0
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_fix_sends_the_hooks_16bit_values_only_when_w_is_a_power_of_two(world):
+    """Notebook 9: fl(g/W) (the fix: divide in float32, then cast) is fl(fl(g)/W) (the hook: cast, then divide)
+    when W is a power of two and the quotient is normal; at W = 3 dividing rounds twice and some values differ."""
+    grads = precision.local_gradients("mlp", world)
+    for dtype in (torch.bfloat16, torch.float16):
+        fix, hook = (grads / world).to(dtype), grads.to(dtype) / world
+        differ = fix != hook
+        if world == 3:
+            assert differ.any()
+        else:
+            assert not (differ & (hook.abs() >= torch.finfo(dtype).tiny)).any()

@@ -18,6 +18,8 @@ and the ring adds W values with W-1 roundings (Higham, Accuracy and Stability of
 |h - mean| <= gamma_{W+1} * sum_r |g_r| / W, with gamma_n = n u / (1 - n u), as long as nothing
 overflows or falls into the subnormal range. The norm of that vector over the norm of the mean is
 the ``bound`` row. It grows with W and with cancellation; measured errors sit far below it.
+:func:`ring_bound_check` checks the bound element by element, and where a value underflows (float16
+does, on these gradients) it adds the model's absolute underflow term.
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-__all__ = ["local_gradients", "plot_precision", "precision_vs_world_size", "reduce_16bit", "rel_error"]
+__all__ = [
+    "bound_checks",
+    "local_gradients",
+    "plot_precision",
+    "precision_vs_world_size",
+    "reduce_16bit",
+    "rel_error",
+    "ring_bound_check",
+]
 
 UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
@@ -62,21 +72,34 @@ def local_gradients(model: str = "mlp", world_size: int = 8, batch_size: int = 3
     return torch.stack(rows)
 
 
+def _not_normal(x: torch.Tensor) -> torch.Tensor:
+    """Subnormal (nonzero, below the smallest normal) or infinite: where a rounding's relative error can exceed u."""
+    return ((x != 0) & (x.abs() < torch.finfo(x.dtype).tiny)) | x.isinf()
+
+
+def _ring(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ring's sum of the rows of ``values``, and per element whether a partial sum left the normal range."""
+    world = values.shape[0]
+    pieces = [list(row.tensor_split(world)) for row in values]
+    out, outside = [], []
+    for chunk in range(world):
+        acc = pieces[chunk][chunk].clone()
+        flag = torch.zeros(acc.shape, dtype=torch.bool)
+        for step in range(1, world):
+            acc += pieces[(chunk + step) % world][chunk]  # one rounding in the 16-bit dtype per hop
+            flag |= _not_normal(acc)
+        out.append(acc)
+        outside.append(flag)
+    return torch.cat(out), torch.cat(outside)
+
+
 def ring_allreduce(values: torch.Tensor) -> torch.Tensor:
     """Sum the rows of ``values`` (W, n) as a ring does, rounding to ``values.dtype`` after every hop.
 
     In hop s rank r sends piece (r - s) mod W to rank r + 1, which adds its own copy: piece c
     starts at rank c and picks up ranks c+1, c+2, ..., c-1 (mod W) in that order.
     """
-    world = values.shape[0]
-    pieces = [list(row.tensor_split(world)) for row in values]
-    out = []
-    for chunk in range(world):
-        acc = pieces[chunk][chunk].clone()
-        for step in range(1, world):
-            acc += pieces[(chunk + step) % world][chunk]  # one rounding in the 16-bit dtype per hop
-        out.append(acc)
-    return torch.cat(out)
+    return _ring(values)[0]
 
 
 def reduce_16bit(grads: torch.Tensor, dtype: torch.dtype, method: str) -> torch.Tensor:
@@ -102,6 +125,61 @@ def _worst_case_bound(grads: torch.Tensor, dtype: torch.dtype) -> float:
     gamma = n_u / (1 - n_u)
     g = grads.double()
     return float(gamma * g.abs().mean(dim=0).norm() / g.mean(dim=0).norm())
+
+
+def ring_bound_check(grads: torch.Tensor, dtype: torch.dtype) -> dict[str, int]:
+    """The ring's error against its per-element bound, element by element, with the bound's condition.
+
+    The condition: no rounded value of an element (its 16-bit cast, the quotient by W, a partial sum
+    of the ring) is subnormal or infinite. Where a value underflows, the model of rounding with
+    underflow (Higham, 2nd ed., section 2.1) adds an absolute error of at most lambda*u per cast or
+    division (lambda the smallest normal number; additions that underflow are exact), so
+    |h - mean| <= gamma_{W+1} sum_r |g_r| / W + (1 + gamma_W) (W + 1) lambda u holds for every element.
+    Returns element counts: ``subnormal`` (the condition fails there: every one of them was subnormal,
+    ``overflow`` counts the infinite ones), ``over_bound`` (elements over the plain bound, of which
+    ``over_bound_where_it_holds`` satisfy the condition) and ``over_bound_with_underflow``.
+    """
+    world = grads.shape[0]
+    u, tiny = UNIT_ROUNDOFF[dtype], torch.finfo(dtype).tiny
+
+    def gamma(k: int) -> float:
+        return k * u / (1 - k * u)
+
+    cast = grads.to(dtype)
+    quotient = cast / world
+    h, partial_outside = _ring(quotient)
+    outside = _not_normal(cast).any(dim=0) | _not_normal(quotient).any(dim=0) | partial_outside
+    g = grads.double()
+    error = (h.double() - g.mean(dim=0)).abs()
+    bound = gamma(world + 1) * g.abs().mean(dim=0)
+    with_underflow = bound + (1 + gamma(world)) * (world + 1) * tiny * u
+    over = error > bound
+    return {
+        "elements": int(g.shape[1]),
+        "subnormal": int(outside.sum()),
+        "overflow": int((cast.isinf().any(dim=0) | quotient.isinf().any(dim=0) | h.isinf()).sum()),
+        "over_bound": int(over.sum()),
+        "over_bound_where_it_holds": int((over & ~outside).sum()),
+        "over_bound_with_underflow": int((error > with_underflow).sum()),
+    }
+
+
+def bound_checks(
+    world_sizes: Sequence[int] = (2, 4, 8, 16),
+    model: str = "mlp",
+    dtypes: Sequence[torch.dtype] = (torch.bfloat16, torch.float16),
+    seed: int = 0,
+):
+    """:func:`ring_bound_check` per W and dtype, as a table (the gradients of :func:`precision_vs_world_size`)."""
+    import pandas as pd
+
+    rows = []
+    for world in world_sizes:
+        grads = local_gradients(model, world, seed=seed)
+        for dtype in dtypes:
+            name = str(dtype).replace("torch.", "")
+            rows.append({"world_size": world, "dtype": name, **ring_bound_check(grads, dtype)})
+    return pd.DataFrame(rows)
 
 
 def precision_vs_world_size(
