@@ -13,7 +13,8 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-COURSE = ("notebooks/*.ipynb", "notebooks/GLOSSARY.md", "docs/teaching.md", "docs/reference/*.md")  # commhooks_lab.course.COURSE_FILES
+# commhooks_lab.course.COURSE_FILES
+COURSE = ("notebooks/*.ipynb", "notebooks/GLOSSARY.md", "docs/teaching.md", "docs/reference/*.md", "docs/images/*.png")
 
 
 class BuildPyWithCourse(build_py):

@@ -20,7 +20,13 @@ from pathlib import Path
 __all__ = ["COURSE_FILES", "CourseCopy", "copy_course", "course_files", "course_root"]
 
 #: What the course is, relative to its root (the repository's root, or the package's ``course`` folder).
-COURSE_FILES = ("notebooks/*.ipynb", "notebooks/GLOSSARY.md", "docs/teaching.md", "docs/reference/*.md")
+COURSE_FILES = (
+    "notebooks/*.ipynb",
+    "notebooks/GLOSSARY.md",
+    "docs/teaching.md",
+    "docs/reference/*.md",
+    "docs/images/*.png",
+)
 
 
 def course_root() -> Path:

@@ -129,6 +129,7 @@ def test_each_lesson_shows_its_figures_and_how_to_run_it(pages, notebook):
     outputs = [o for c in cells if c.cell_type == "code" for o in c.get("outputs", [])]
     widgets = sum("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
     figures = sum("image/png" in o.get("data", {}) for o in outputs) + widgets  # a widget is shown as its picture
+    figures += sum(len(re.findall(r"!\[[^]]*\]\([^)]+\.png\)", c.source)) for c in cells if c.cell_type == "markdown")
     drawn = [(src, width) for src, width in page["images"] if src.startswith("../_images/")]
     assert len(drawn) == figures and all(width > 0 for _, width in drawn)
     assert page["overflowing"] == []  # at the browser's 1400 x 1000, every figure fits the page
