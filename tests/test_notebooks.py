@@ -142,3 +142,31 @@ def test_every_stated_tolerance_is_the_measured_spread_and_nothing_looser(path):
         assert stated["why"] and stated["measured"], source(cell)[:60]
         assert (stated["rtol"], stated["atol"]) == tolerance_from(stated["measured"]), source(cell)[:60]
         assert stated["rtol"] < 10, f"a tolerance of {stated['rtol']} checks nothing: make the cell robust instead"
+
+
+def test_every_link_to_a_heading_finds_it_as_jupyterlab_names_it():
+    """A link's anchor is the heading's text with spaces as dashes (JupyterLab's ids; the site's builder uses the
+    same, docs/site/heading_slugs.py), so a link that works in one works in the other."""
+    import re
+
+    import nbformat
+
+    def anchors(path):
+        if path.suffix != ".ipynb":
+            return set()
+        cells = nbformat.read(path, as_version=4).cells
+        text = "\n".join(c.source for c in cells if c.cell_type == "markdown")
+        headings = re.findall(r"^#{1,6} (.+)$", text, re.M)
+        return {"-".join(h.replace("`", "").split()) for h in headings}  # shown as text: no code marks
+
+    sources = [*NOTEBOOKS, NOTEBOOKS[0].parent / "GLOSSARY.md", NOTEBOOKS[0].parents[1] / "README.md"]
+    broken = []
+    for path in sources:
+        text = path.read_text(encoding="utf-8")
+        for target, anchor in re.findall(r"\]\(([\w./-]*\.ipynb)?#([^)\s\"\\]+)\)", text):
+            if path.suffix != ".ipynb" and not target:
+                continue  # a markdown file's own anchors: the site's build checks those
+            linked = path.parent / target if target else path
+            if linked.suffix == ".ipynb" and anchor not in anchors(linked):
+                broken.append(f"{path.name} -> {target or '(itself)'}#{anchor}")
+    assert broken == []
