@@ -61,6 +61,53 @@ def test_topk_check_on_its_three_paths(capsys):
     assert outcome.status == RIGHT and outcome.value is topk_right
 
 
+def topk_fixed_k(x, k):  # right on the case k = 25 only
+    return topk_right(x, 25)
+
+
+def topk_smallest(x, k):  # ascending order: the smallest magnitudes
+    indices = x.reshape(-1).abs().argsort()[:k]
+    return x.reshape(-1)[indices], indices
+
+
+def topk_first(x, k):  # a hard-coded slice: no ranking at all
+    return x.reshape(-1)[:k], torch.arange(k)
+
+
+def topk_per_row(x, k):  # right on vectors only: Tensor.topk works along the last dimension
+    indices = x.abs().topk(k).indices
+    return x.gather(-1, indices), indices
+
+
+def topk_one_more(x, k):
+    return topk_right(x, k + 1)
+
+
+def topk_unflattened_values(x, k):  # indices into the flat tensor, but values read from x itself
+    _, indices = topk_right(x, k)
+    return x.reshape(-1)[indices] * 0 + x.reshape(-1)[indices].roll(1), indices
+
+
+@pytest.mark.parametrize(
+    "attempt, hint",
+    [
+        (topk_by_value, "rank the entries by x.abs(), not by x"),
+        (topk_magnitudes, "signed value"),
+        (topk_fixed_k, "Use the k argument"),
+        (topk_smallest, "smallest magnitudes"),
+        (topk_first, "you kept the first 25 entries"),
+        (topk_per_row, "Flatten x first"),
+        (topk_one_more, "expected 25 values and 25 indices, got 26 and 26"),
+        (topk_unflattened_values, "the entry at that position"),
+    ],
+    ids=lambda x: x.__name__ if callable(x) else "",
+)
+def test_topk_wrong_answers_get_their_own_hint(attempt, hint):
+    outcome = compressing_hooks.check_topk(attempt)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+    assert outcome.value is compressing_hooks.topk
+
+
 def test_a_check_says_what_the_learners_code_raised():
     def broken(x, k):
         return x[k + 10_000], None
@@ -129,6 +176,101 @@ def topk_hook_always_feeding_back(state, bucket):  # plausible and wrong: ignore
     return compressing_hooks.topk_ef_hook({**state, "error_feedback": True}, bucket)
 
 
+def topk_hook_variant(*, gather=True, dense=False, index_dtype=torch.int64, divide=True):
+    """The reference top-k hook with one slip."""
+
+    def hook(state, bucket):
+        world = dist.get_world_size()
+        grad = bucket.buffer()
+        corrected = grad + state["residuals"].get(bucket.index(), 0)
+        values, indices = compressing_hooks.topk(corrected, max(1, int(state["ratio"] * grad.numel())))
+        sent = torch.zeros_like(corrected)
+        sent[indices] = values
+        if state.get("error_feedback", True):
+            state["residuals"][bucket.index()] = corrected - sent
+        if dense:  # the sparsified bucket, all-reduced whole
+            dist.all_reduce(sent)
+            grad.copy_(sent)
+        elif gather:
+            indices = indices.to(index_dtype)
+            gathered_v = [torch.empty_like(values) for _ in range(world)]
+            gathered_i = [torch.empty_like(indices) for _ in range(world)]
+            dist.all_gather(gathered_v, values)
+            dist.all_gather(gathered_i, indices)
+            grad.zero_()
+            for v, i in zip(gathered_v, gathered_i):
+                grad.index_add_(0, i.long(), v)
+        else:  # each rank decodes its own top-k only
+            grad.copy_(sent)
+        if divide:
+            grad.div_(world)
+        future = torch.futures.Future()
+        future.set_result(grad)
+        return future
+
+    return hook
+
+
+@pytest.mark.parametrize(
+    "attempt, hint",
+    [
+        (topk_hook_without_memory, "look at the residual"),
+        (topk_hook_always_feeding_back, "with error_feedback=False"),
+        (topk_hook_variant(gather=False), "the ranks disagree"),
+        (topk_hook_variant(dense=True), "the whole float32 bucket"),
+        (topk_hook_variant(index_dtype=torch.int32), "Yours sends less"),
+        (topk_hook_variant(divide=False), "already at step 0"),
+    ],
+    ids=["no_memory", "ignores_the_switch", "no_gather", "dense_allreduce", "int32_indices", "no_divide"],
+)
+def test_topk_hook_wrong_answers_get_their_own_hint(attempt, hint, cluster):
+    outcome = compressing_hooks.check_topk_ef_hook(attempt, cluster=cluster, steps=3)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+
+
+def sign_hook_variant(*, gather=True, residual=True, sign_dtype=torch.int8, send_scales=True):
+    """The reference EF-SignSGD hook with one slip."""
+
+    def hook(state, bucket):
+        world = dist.get_world_size()
+        grad = bucket.buffer()
+        corrected = grad + state["residuals"].get(bucket.index(), 0)
+        scale = corrected.abs().mean().reshape(1)
+        signs = torch.where(corrected >= 0, 1, -1).to(sign_dtype)
+        if residual:
+            state["residuals"][bucket.index()] = corrected - scale * signs
+        if not gather:
+            grad.copy_(scale * signs)
+        else:
+            gathered_signs = [torch.empty_like(signs) for _ in range(world)]
+            dist.all_gather(gathered_signs, signs)
+            scales = [torch.ones_like(scale) for _ in range(world)]
+            if send_scales:
+                dist.all_gather(scales, scale)
+            grad.copy_(sum(s * g for s, g in zip(scales, gathered_signs)) / world)
+        future = torch.futures.Future()
+        future.set_result(grad)
+        return future
+
+    return hook
+
+
+@pytest.mark.parametrize(
+    "attempt, hint",
+    [
+        (sign_hook_mean_of_signs, "already at step 0"),
+        (sign_hook_variant(residual=False), "look at the residual"),
+        (sign_hook_variant(gather=False), "the ranks disagree"),
+        (sign_hook_variant(sign_dtype=torch.float32), "Yours sends more"),
+        (sign_hook_variant(send_scales=False), "Yours sends less"),
+    ],
+    ids=["mean_of_signs", "no_memory", "no_gather", "float32_signs", "no_scales"],
+)
+def test_sign_hook_wrong_answers_get_their_own_hint(attempt, hint, cluster):
+    outcome = compressing_hooks.check_sign_ef_hook(attempt, cluster=cluster, steps=3)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+
+
 def test_the_topk_hook_check_runs_both_switches(cluster):
     wrong = compressing_hooks.check_topk_ef_hook(topk_hook_always_feeding_back, cluster=cluster)
     assert wrong.status == WRONG and "with error_feedback=False" in wrong.message
@@ -174,6 +316,17 @@ def test_ef_prediction_on_its_three_paths(capsys):
         {"rel_error": "higher", "cumulative_rel_error": "higher"}, with_ef, without_ef
     )
     assert wrong.status == WRONG and "cumulative_rel_error" in wrong.message
+    both = compressing_hooks.check_ef_prediction(
+        {"rel_error": "lower", "cumulative_rel_error": "higher"}, with_ef, without_ef
+    )
+    assert both.status == WRONG and "not yet for both metrics" in both.message
+    for malformed in ({"rel_error": "higher"}, {"rel_error": "higher", "cumulative_rel_error": "lower", "x": 1}):
+        outcome = compressing_hooks.check_ef_prediction(malformed, with_ef, without_ef)
+        assert outcome.status == WRONG and "a dict with the keys" in outcome.message
+    not_a_string = compressing_hooks.check_ef_prediction(
+        {"rel_error": True, "cumulative_rel_error": "lower"}, with_ef, without_ef
+    )
+    assert not_a_string.status == WRONG and "got True" in not_a_string.message
     malformed = compressing_hooks.check_ef_prediction("lower", with_ef, without_ef)
     assert malformed.status == WRONG and "a dict with the keys" in malformed.message
     typo = compressing_hooks.check_ef_prediction(

@@ -71,8 +71,27 @@ def test_fp16_wrapper_prediction_on_its_three_paths():
     assert ex.check_fp16_wrapper_prediction(None, plain, wrapped, 2).status == NOT_ATTEMPTED
     wrong = ex.check_fp16_wrapper_prediction("lower", plain, wrapped, 2)
     assert wrong.status == WRONG and "unit roundoff" in wrong.message and "about the same" not in wrong.message
-    assert "one of" in ex.check_fp16_wrapper_prediction("less", plain, wrapped, 2).message
+    assert "not one of the choices" in ex.check_fp16_wrapper_prediction("less", plain, wrapped, 2).message
     assert ex.check_fp16_wrapper_prediction("about the same", plain, wrapped, 2).status == RIGHT
+
+
+@pytest.mark.parametrize(
+    "wrong, errors, hint",
+    [
+        ("lower", ([0, 0, 0.9, 0.93, 1.0], [3e-4, 3e-4, 0.9, 0.931, 1.0]), "Can rounding each number"),
+        ("higher", ([0, 0, 0.9, 0.93, 1.0], [3e-4, 3e-4, 0.9, 0.931, 1.0]), "how large is it next to"),
+        ("about the same", ([0, 0, 0.9, 0.9], [0, 0, 1.2, 1.2]), "compare the two sizes of error"),  # if it were not
+        ("less", ([0, 0, 0.9], [0, 0, 0.9]), "'less' is not one of the choices"),
+        ("same", ([0, 0, 0.9], [0, 0, 0.9]), "'same' is not one of the choices"),
+        ("Higher", ([0, 0, 0.9], [0, 0, 0.9]), "spelt exactly so"),
+        (1.0, ([0, 0, 0.9], [0, 0, 0.9]), "not the float 1.0"),
+        (True, ([0, 0, 0.9], [0, 0, 0.9]), "not the bool True"),
+    ],
+)
+def test_fp16_wrapper_wrong_and_malformed_answers_get_their_own_message(wrong, errors, hint):
+    outcome = ex.check_fp16_wrapper_prediction(wrong, run(errors[0]), run(errors[1]), 2)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+    assert "PowerSGD decides" not in outcome.message
 
 
 def test_fp16_wrapper_effect_compares_only_powersgds_own_steps():

@@ -12,7 +12,7 @@ from commhooks_lab.exercises import anatomy_of_a_hook as anatomy
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 SEEN = [  # what the notebook's hook records: one bucket at step 0, three after the rebuild
-    {"step": 0, "index": 0, "is_last": True},
+    {"step": 0, "index": 0, "is_last": True, "parameters": "conv.weight, conv.bias, fc1.weight, fc1.bias, fc2.weight"},
     {"step": 1, "index": 0, "is_last": False},
     {"step": 1, "index": 1, "is_last": False},
     {"step": 1, "index": 2, "is_last": True},
@@ -25,6 +25,26 @@ def test_first_step_buckets_prediction_on_its_three_paths():
     assert wrong.status == WRONG and "compute_bucket_size_limits" in wrong.message
     right = anatomy.check_first_step_buckets(1, SEEN)
     assert right.status == RIGHT and "rebuilds" in right.message
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (3, "once DDP has rebuilt them"),  # what the later steps use
+        (5, "one bucket per parameter"),
+        (0, "The hook was called at step 0"),
+        (4, "compute_bucket_size_limits"),  # 39,720 B over a 10,485 B cap: the general hint
+        (2, "compute_bucket_size_limits"),
+        ("1", "a whole number"),
+        (True, "a whole number"),  # True == 1 in Python, and still not an answer
+        (1.5, "a whole number"),
+        (-1, "at least 0"),
+    ],
+)
+def test_first_step_buckets_wrong_answers_get_their_own_hint(wrong, hint):
+    outcome = anatomy.check_first_step_buckets(wrong, SEEN)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+    assert "sys.maxsize" not in outcome.message  # the hint points at the source, never answers
 
 
 def test_the_bucket_answer_is_read_from_what_the_hook_saw():
@@ -54,6 +74,26 @@ def divide_by_two_after(state, bucket):  # plausible and wrong: right on two ran
     return future.then(lambda fut: fut.value()[0].div_(2).float())
 
 
+def bf16_wire(state, bucket):  # plausible and wrong: the other 16-bit format
+    buffer = bucket.buffer()
+    future = dist.all_reduce(buffer.to(torch.bfloat16), async_op=True).get_future()
+    return future.then(lambda fut: buffer.copy_(fut.value()[0]).div_(dist.get_world_size()))
+
+
+def divides_twice(state, bucket):  # plausible and wrong: PyTorch's divide-first, and the exercise's divide-after
+    buffer, world = bucket.buffer(), dist.get_world_size()
+    future = dist.all_reduce(buffer.half().div_(world), async_op=True).get_future()
+    return future.then(lambda fut: buffer.copy_(fut.value()[0]).div_(world))
+
+
+def only_rank_0_divides(state, bucket):
+    buffer = bucket.buffer()
+    future = dist.all_reduce(buffer.half(), async_op=True).get_future()
+    return future.then(
+        lambda fut: buffer.copy_(fut.value()[0]).div_(dist.get_world_size() if dist.get_rank() == 0 else 1)
+    )
+
+
 def raises_inside(state, bucket):
     raise ValueError("boom")
 
@@ -69,6 +109,12 @@ def test_divide_after_check_on_its_three_paths(cluster, capsys):
     assert forgot.status == WRONG and "W times the mean" in forgot.message
     fp32 = anatomy.check_fp16_divide_after(no_cast, cluster=cluster)
     assert fp32.status == WRONG and "float32" in fp32.message and "cast the bucket to float16" in fp32.message
+    bf16 = anatomy.check_fp16_divide_after(bf16_wire, cluster=cluster)
+    assert bf16.status == WRONG and "8 significand bits" in bf16.message
+    twice = anatomy.check_fp16_divide_after(divides_twice, cluster=cluster)
+    assert twice.status == WRONG and "divides by W twice" in twice.message
+    apart = anatomy.check_fp16_divide_after(only_rank_0_divides, cluster=cluster)
+    assert apart.status == WRONG and "different gradients" in apart.message
     broken = anatomy.check_fp16_divide_after(raises_inside, cluster=cluster)
     assert broken.status == WRONG and "boom" in broken.message
     assert outcome.value is divides_first.value is anatomy.fp16_divide_after
@@ -78,6 +124,8 @@ def test_divide_after_check_on_its_three_paths(cluster, capsys):
 
     right = anatomy.check_fp16_divide_after(divide_in_half_after, cluster=cluster)
     assert right.status == RIGHT and right.value is divide_in_half_after
+    for message in (divides_first, forgot, fp32, bf16, twice, apart, two):  # hints, never the answer's numbers
+        assert "Bit for bit" not in message.message
     assert anatomy.check_fp16_divide_after(anatomy.fp16_divide_after, cluster=cluster).status == RIGHT
 
 

@@ -29,6 +29,26 @@ def test_ef_switch_prediction_on_its_three_paths():
     assert ex.check_ef_switch_prediction("lower", without_ef, both_on).status == RIGHT  # follows the data
 
 
+@pytest.mark.parametrize(
+    "wrong, flipped, hint",
+    [
+        ("lower", False, "matrix rank 1 cannot represent"),  # the one wrong choice in the notebook's run
+        ("higher", True, "in this run, how much did each step leave out"),  # the other, were the data the other way
+        ("up", False, "'up' is not one of the choices"),
+        ("Higher", False, "spelt exactly so"),
+        (True, False, "not the bool True"),
+        (0.78, False, "not the float 0.78"),
+    ],
+)
+def test_ef_switch_wrong_and_malformed_answers_get_their_own_message(wrong, flipped, hint):
+    both_on, without_ef = fake_run([0.8, 0.36]), fake_run([0.8, 0.78])
+    if flipped:
+        both_on, without_ef = without_ef, both_on
+    outcome = ex.check_ef_switch_prediction(wrong, both_on, without_ef)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+    assert "dropped for good" not in outcome.message
+
+
 def test_reference_answer_from_the_byte_rules():
     mlp = netmodel.parameter_shapes(build_task("mlp", 0).model)
     assert ex.half_bytes_rank(mlp) == 18
@@ -44,7 +64,16 @@ def test_half_bytes_rank_check_on_its_three_paths(cluster, capsys):
     assert too_small.status == WRONG and "larger matrix ranks" in too_small.message and "18" not in too_small.message
     too_large = ex.check_half_bytes_rank(22, cluster=cluster)  # plausible: "until nothing is compressed"
     assert too_large.status == WRONG and "smaller matrix ranks" in too_large.message
-    assert "whole number" in ex.check_half_bytes_rank("18", cluster=cluster).message
-    assert ex.check_half_bytes_rank(0, cluster=cluster).status == WRONG
+    assert "goes uncompressed from matrix rank 5 on" in too_small.message  # where the 10 x 128 layer switches
+    assert "every matrix goes uncompressed" in too_large.message
+    one_below = ex.check_half_bytes_rank(17, cluster=cluster)
+    assert one_below.status == WRONG and "larger matrix ranks" in one_below.message
+    assert "goes uncompressed" not in one_below.message
+    one_above = ex.check_half_bytes_rank(19, cluster=cluster)
+    assert one_above.status == WRONG and "smaller matrix ranks" in one_above.message
+    assert "every matrix" not in one_above.message and "18" not in one_above.message  # the hint never answers
+    for malformed in ("18", 0, 2.5, True, -3):
+        outcome = ex.check_half_bytes_rank(malformed, cluster=cluster)
+        assert outcome.status == WRONG and "a matrix rank is a whole number >= 1" in outcome.message
     right = ex.check_half_bytes_rank(18, cluster=cluster)
     assert right.status == RIGHT and "10x128 from r = 5" in right.message

@@ -70,6 +70,8 @@ def test_latency_bound_bytes_not_attempted_hands_on_the_reference(capsys):
         (in_bits, "counts gigabits per second"),
         (microseconds_as_milliseconds, "latency_us is in microseconds"),
         (squared, "write both terms for n bytes and set them equal"),
+        (lambda w, a, b: 50_000.0, "for every case"),  # a hard-coded number, right at 8 ranks, 5 us, 10 Gbit/s
+        (lambda w, a, b: w * 6250.0, "but not on"),  # 5 us and 10 Gbit/s hard-coded: right on those cases only
     ],
     ids=lambda x: x.__name__ if callable(x) else "",
 )
@@ -108,8 +110,10 @@ def ring_time(w, a, b, n):  # written another way
         (lambda w, a, b, n: a * 1e-6 + 2 * (w - 1) / w * n * 8 / (b * 1e9), "the latency is paid once"),
         (lambda w, a, b, n: 2 * (w - 1) * a * 1e-6 + 2 * (w - 1) / w * n / (b * 1e9), "counts bits"),
         (lambda w, a, b, n: 2 * (w - 1) * a + 2 * (w - 1) / w * n * 8 / (b * 1e9), "latency_us is in microseconds"),
-        (lambda w, a, b, n: 2 * (w - 1) * a * 1e-6, "write the latency term and the bandwidth term"),
-        (lambda w, a, b, n: 8.3e-5, "write the latency term and the bandwidth term"),  # a constant
+        (lambda w, a, b, n: 2 * (w - 1) * a * 1e-6, "the latency term alone"),
+        (lambda w, a, b, n: 2 * (w - 1) / w * n * 8 / (b * 1e9), "the bandwidth term alone"),
+        (lambda w, a, b, n: 8.3e-5, "for every world size"),  # a constant
+        (lambda w, a, b, n: 2 * (w - 1) * (a * 1e-6 + n / w * 8 / (b * 1e9)) * 1.1, "write the latency term"),
     ],
 )
 def test_allreduce_seconds_wrong_attempts_get_their_hint(attempt, hint):
@@ -189,6 +193,24 @@ def test_crossing_prediction_on_its_three_paths(gpt2):
     wrong = payoff.check_crossing_prediction("b", gpt2)  # plausible: "8 ranks is already a lot"
     assert wrong.status == WRONG and "ratio 1" in wrong.message and "50" not in wrong.message
     assert payoff.check_crossing_prediction("never", gpt2).status == WRONG
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        ("a", "can the first stay below the second for ever"),
+        ("b", "Where is their ratio 1?"),
+        ("d", "a value and its index"),
+        ("never", "'never' is not one of the choices"),
+        ("C", "spelt exactly so"),
+        (50, "not the int 50"),  # the world size, not its letter
+        (None, "no prediction made"),
+    ],
+)
+def test_crossing_prediction_wrong_answers_get_their_own_hint(wrong, hint, gpt2):
+    outcome = payoff.check_crossing_prediction(wrong, gpt2)
+    assert outcome.status == (NOT_ATTEMPTED if wrong is None else WRONG) and hint in outcome.message, outcome.message
+    assert "W = 50" not in outcome.message and "W/50" not in outcome.message
     right_answer = payoff.check_crossing_prediction("c", gpt2)
     assert right_answer.status == RIGHT and "W = 50" in right_answer.message
 

@@ -51,6 +51,16 @@ def random_projection(matrix, r):  # plausible and wrong: one power-iteration st
     return ((matrix.double() - p @ p.T @ matrix.double()).norm() / matrix.double().norm()).item()
 
 
+def kept_instead(matrix, r):  # what M_r keeps, not what it leaves out
+    s = torch.linalg.svdvals(matrix.double())
+    return (s[:r].norm() / s.norm()).item()
+
+
+def in_float32(matrix, r):  # the right formula, in float32
+    s = torch.linalg.svdvals(matrix.float())
+    return (s[r:].norm() / s.norm()).item()
+
+
 def test_best_rank_r_error_not_attempted(capsys):
     outcome = ex.check_best_rank_r_error(stub)
     assert outcome.status == NOT_ATTEMPTED and outcome.value is ex.best_rank_r_error
@@ -66,6 +76,10 @@ def test_best_rank_r_error_not_attempted(capsys):
         (off_by_one, "which ones you dropped"),
         (absolute, "divides it by"),
         (random_projection, "torch.linalg.svd"),
+        (kept_instead, "what the approximation keeps"),
+        (in_float32, "right up to rounding"),
+        (lambda matrix, r: 0.5, "torch.linalg.svd"),  # a hard-coded number
+        (lambda matrix, r: [0.5], "one number"),
     ],
 )
 def test_best_rank_r_error_names_the_mistake(wrong, says):
@@ -115,6 +129,26 @@ def test_smallest_matrix_rank_on_its_three_paths():
     assert off.status == WRONG and "[1, 2, 4, 8]" in off.message
     right = ex.check_smallest_matrix_rank(4, sweep)
     assert right.status == RIGHT and right.value == 4
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (1, "cannot span its column space"),  # "PowerSGD of matrix rank 1 is enough"
+        (2, "cannot span its column space"),
+        (8, "is it the smallest"),  # "more is safer"
+        (3, "Predict one of the matrix ranks the sweep ran, [1, 2, 4, 8]"),  # not swept
+        (0, "Predict one of the matrix ranks the sweep ran"),
+        ("4", "a whole number"),
+        (True, "a whole number"),  # True == 1 in Python, and still not an answer
+        (4.5, "a whole number"),
+    ],
+)
+def test_smallest_matrix_rank_wrong_answers_get_their_own_hint(wrong, hint):
+    sweep = fake_sweep({1: 1.5, 2: 1.0, 4: 4e-7, 8: 4e-7})
+    outcome = ex.check_smallest_matrix_rank(wrong, sweep)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+    assert "exactly that many" not in outcome.message
 
 
 def test_reveal_shows_the_reference(capsys):

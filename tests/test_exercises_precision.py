@@ -18,6 +18,9 @@ def test_survives_matches_the_formats():
     assert precision.survives(ENTRIES, torch.bfloat16) == [True] * 6
 
 
+RIGHT_GUESS = {"float16": [False, True, True, True, False, False], "bfloat16": [True] * 6}
+
+
 def test_cast_prediction_on_its_three_paths(capsys):
     outcome = precision.check_within_one_percent(None, ENTRIES)
     assert outcome.status == NOT_ATTEMPTED and "no prediction made" in capsys.readouterr().out
@@ -30,8 +33,35 @@ def test_cast_prediction_on_its_three_paths(capsys):
     )
     assert "True" not in wrong.message and "False" not in wrong.message  # a hint, not the answer
     assert precision.check_within_one_percent({"float16": [True]}, ENTRIES).status == WRONG
-    right = {"float16": [False, True, True, True, False, False], "bfloat16": [True] * 6}
-    assert precision.check_within_one_percent(right, ENTRIES).status == RIGHT
+    assert precision.check_within_one_percent(RIGHT_GUESS, ENTRIES).status == RIGHT
+
+
+def changed(**formats):
+    return {**RIGHT_GUESS, **formats}
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        ({"float16": [True] * 6, "bfloat16": [True] * 6}, "every entry to survive"),  # "1% is generous"
+        ({"float16": RIGHT_GUESS["float16"], "bfloat16": RIGHT_GUESS["float16"]}, "the same answers"),
+        ({"float16": RIGHT_GUESS["bfloat16"], "bfloat16": RIGHT_GUESS["float16"]}, "which format has which range"),
+        (changed(float16=[False, True, True, False, False, False]), "below float16's smallest normal"),
+        (changed(bfloat16=[True, True, True, True, False, False]), "in bfloat16's normal range"),
+        (changed(float16=[True, True, True, True, False, False]), "above float16's largest finite value"),
+        (changed(float16=[False, True, True, True, True, False]), "below float16's smallest normal"),
+        ({"fp16": RIGHT_GUESS["float16"], "bf16": RIGHT_GUESS["bfloat16"]}, 'keys "float16" and "bfloat16"'),
+        (changed(float16=[False, True, True]), "give 6 answers"),
+        (changed(float16=["no", "yes", "yes", "yes", "no", "no"]), "True or False for each entry, not 'no'"),
+        (changed(bfloat16=True), "give a list of 6 answers"),
+    ],
+)
+def test_cast_prediction_wrong_answers_get_their_own_hint(wrong, hint):
+    outcome = precision.check_within_one_percent(wrong, ENTRIES)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+    assert "True" not in outcome.message.replace("True or False", "") and "False" not in outcome.message.replace(
+        "True or False", ""
+    )
 
 
 def stub(local_grads, dtype):
@@ -99,6 +129,8 @@ def folded(local_grads, dtype):  # right, written differently
         (by_two, "divided by 2"),
         (reversed_ranks, "reverse order"),
         (stacked, "one by one"),
+        (lambda grads, dtype: torch.zeros(256), "differs from the hook's"),  # a hard-coded tensor
+        (lambda grads, dtype: torch.zeros(3), "the gradient's shape"),
     ],
 )
 def test_simulate_check_names_each_mistake(wrong, hint):

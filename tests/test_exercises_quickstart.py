@@ -39,6 +39,28 @@ def test_bf16_over_fp16_prediction_on_its_three_paths(capsys):
     wrong = quickstart.check_bf16_over_fp16(2, RESULTS)
     assert wrong.status == WRONG and "unit roundoff" in wrong.message and "8" not in wrong.message
     assert quickstart.check_bf16_over_fp16(8, RESULTS).status == RIGHT
+    assert quickstart.check_bf16_over_fp16(8.0, RESULTS).status == RIGHT
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (0.125, "more precise format"),  # the ratio the other way round
+        (1, "split their 16 bits differently"),  # "same bytes, same error"
+        (3, "That counts bits"),  # the difference in significand bits
+        (16, "the same measure"),  # machine epsilon of one format, unit roundoff of the other
+        (4, "the same measure"),
+        (256, "Both hooks round every value"),  # any other power of two: the general hint
+        (7.7, "is not a power of two"),  # the measured ratio, not rounded
+        ("8", "give a number"),
+        (True, "give a number"),
+        (-8, "is not a power of two"),
+    ],
+)
+def test_bf16_over_fp16_wrong_answers_get_their_own_hint(wrong, hint):
+    outcome = quickstart.check_bf16_over_fp16(wrong, RESULTS)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+    assert "= 8" not in outcome.message and "2^-8 / 2^-11" not in outcome.message  # the hint never answers
 
 
 def test_the_ratio_answer_comes_from_the_run_not_from_a_constant():
@@ -57,6 +79,23 @@ def test_powersgd_prediction_on_its_three_paths():
     assert quickstart.check_powersgd_above_one(False, below).status == RIGHT
 
 
+@pytest.mark.parametrize(
+    "wrong, results, hint",
+    [
+        (False, RESULTS, "g_t + e_(t-1), not of g_t"),  # the one wrong choice when the run is above 1
+        (True, fake_results({"fp16": 1e-4, "bf16": 8e-4, "power_sgd r1": 0.7}), "how large was the leftover"),
+        ("yes", RESULTS, "answer True or False"),
+        ("True", RESULTS, "not the str 'True'"),
+        (1, RESULTS, "not the int 1"),  # 1 == True in Python: still not an answer
+        (1.4, RESULTS, "not the float 1.4"),
+    ],
+)
+def test_powersgd_wrong_and_malformed_answers_get_their_own_message(wrong, results, hint):
+    outcome = quickstart.check_powersgd_above_one(wrong, results)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+    assert "Mean per-step rel_error" not in outcome.message
+
+
 def stub(h, exact):
     """||h - exact|| / ||exact||."""
     raise NotImplementedError
@@ -72,6 +111,12 @@ def stub(h, exact):
         (lambda h, e: ((h - e).abs().sum() / e.abs().sum()).item(), "1-norm"),
         (lambda h, e: (h - e).norm().item(), "did not divide"),
         (lambda h, e: ((h - e).norm() / e.norm()).item() * 1.01, "not ||h - exact|| / ||exact||"),
+        (lambda h, e: ((h.norm() - e.norm()).abs() / e.norm()).item(), "difference of the two norms"),
+        # right on vectors only: ord=2 of a matrix is its largest singular value
+        (lambda h, e: (torch.linalg.norm(h - e, 2) / torch.linalg.norm(e, 2)).item(), "matrix 2-norm"),
+        (lambda h, e: ((h.float() - e.float()).norm() / e.float().norm()).item(), "compute in float64"),
+        (lambda h, e: 1.0, "on every test pair"),  # a hard-coded number (right for h = 0 only)
+        (lambda h, e: 0.0123, "on every test pair"),
     ],
 )
 def test_rel_error_check_names_each_plausible_wrong_formula(wrong, hint):

@@ -105,6 +105,23 @@ def test_the_bytes_prediction_is_judged_on_the_steps_after_the_resume():
     assert exercise.bytes_answer(kept, kept, 2) == "same"
 
 
+@pytest.mark.parametrize(
+    "wrong, runs, hint",
+    [
+        ("same", ([9, 9, 1, 1, 1], [9, 9, 9, 1, 1]), "what does PowerSGD do before start_powerSGD_iter"),
+        ("fewer", ([9, 9, 1, 1, 1], [9, 9, 9, 1, 1]), "its own counter"),
+        ("more", ([9, 9, 1, 1, 1], [9, 9, 1, 1, 1]), "which of them has passed"),  # were nothing lost
+        ("More", ([9, 9, 1, 1, 1], [9, 9, 9, 1, 1]), "spelt exactly so"),
+        ("higher", ([9, 9, 1, 1, 1], [9, 9, 9, 1, 1]), "'higher' is not one of the choices"),
+        (1, ([9, 9, 1, 1, 1], [9, 9, 9, 1, 1]), "not the int 1"),
+    ],
+)
+def test_the_bytes_prediction_wrong_answers_get_their_own_message(wrong, runs, hint):
+    outcome = exercise.check_bytes_prediction(wrong, fake_run(runs[0]), fake_run(runs[1]), 2)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+    assert "counts from iter 0 again" not in outcome.message
+
+
 def returns_the_tensor_always(state, bucket):
     grad = bucket[0] if isinstance(bucket, tuple) else bucket.buffer()
     dist.all_reduce(grad.div_(dist.get_world_size()))

@@ -52,15 +52,68 @@ def sums_in_bf16(state, bucket):  # plausible and wrong: the right traffic, but 
     return future
 
 
+def scaffolded(fill, total=None, gather=True):
+    """The notebook's scaffold with the learner's three steps written as ``fill`` and ``total`` say."""
+
+    def hook(state, bucket):
+        group = state.process_group
+        world = dist.get_world_size(group)
+        buffer = bucket.buffer()
+        piece = -(-buffer.numel() // world)
+        wire = torch.zeros(world * piece, dtype=state.dtype)
+        received = torch.empty_like(wire)
+        wire[: buffer.numel()] = fill(buffer, world)
+        dist.all_to_all_single(received, wire, group=group)
+        rows = received.view(world, piece)
+        summed = (total or (lambda rows, world, dtype: rows.float().sum(0).to(dtype)))(rows, world, state.dtype)
+        gathered = torch.zeros_like(wire)
+        if gather:
+            dist.all_gather(list(gathered.view(world, piece).unbind()), summed, group=group)
+        else:  # only this rank's own summed piece
+            gathered.view(world, piece)[dist.get_rank(group)] = summed
+        buffer.copy_(gathered[: buffer.numel()])
+        future = torch.futures.Future()
+        future.set_result(buffer)
+        return future
+
+    return hook
+
+
+def fp32_wire(state, bucket):  # plausible and wrong: the same collectives, in float32
+    return scaffolded(lambda b, w: b / w)(type(state)(torch.float32, state.process_group), bucket)
+
+
+@pytest.mark.parametrize(
+    "attempt, hint",
+    [
+        (bf16_allreduce, "Yours hands less"),
+        (fp32_wire, "Yours hands more"),
+        (sums_in_bf16, "add the received pieces in float32"),
+        (scaffolded(lambda b, w: b, lambda rows, w, dtype: (rows.float().sum(0) / w).to(dtype)), "after the sum"),
+        (scaffolded(lambda b, w: b), "W times the mean"),
+        (scaffolded(lambda b, w: (b / w).bfloat16()), "Use state.dtype"),  # right on the bfloat16 run only
+        (scaffolded(lambda b, w: b / w, gather=False), "the ranks disagree"),
+    ],
+    ids=["bf16_allreduce", "fp32_wire", "sums_in_bf16", "divide_after", "no_divide", "hard_coded_bf16", "no_gather"],
+)
+def test_wire16_hook_wrong_answers_get_their_own_hint(attempt, hint, cluster):
+    outcome = ex.check_wire16_hook(attempt, cluster=cluster)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+
+
 def test_wire16_hook_check_on_its_three_paths(cluster):
     assert ex.check_wire16_hook(stub, cluster=cluster).status == NOT_ATTEMPTED
     wrong = ex.check_wire16_hook(bf16_allreduce, cluster=cluster)
     assert wrong.status == WRONG and "one all-to-all of the whole bucket" in wrong.message
-    wrong = ex.check_wire16_hook(sums_in_bf16, cluster=cluster)
-    assert wrong.status == WRONG and "add the received pieces in float32" in wrong.message
     from commhooks_lab.hooks.low_precision import wire16_sum32_hook
 
     assert ex.check_wire16_hook(wire16_sum32_hook, cluster=cluster).status == RIGHT
+
+
+def fake_table(smallest, largest):
+    import pandas as pd
+
+    return pd.DataFrame({"dtype": ["bfloat16", "bfloat16"], "world_size": [2, 16], "ring": [smallest, largest]})
 
 
 def test_growth_prediction_on_its_three_paths():
@@ -70,3 +123,20 @@ def test_growth_prediction_on_its_three_paths():
     wrong = ex.check_growth_prediction("flat", table)
     assert wrong.status == WRONG and "grows" not in wrong.message
     assert ex.check_growth_prediction("grows", table).status == RIGHT
+
+
+@pytest.mark.parametrize(
+    "wrong, table, hint",
+    [
+        ("flat", fake_table(2e-3, 6e-3), "what each extra hop adds"),  # the notebook's wrong choice
+        ("grows", fake_table(2e-3, 2.1e-3), "barely moves"),  # the other one, were the table flat
+        ("grow", fake_table(2e-3, 6e-3), "'grow' is not one of the choices"),
+        ("Grows", fake_table(2e-3, 6e-3), "spelt exactly so"),
+        (True, fake_table(2e-3, 6e-3), "not the bool True"),
+        (3.0, fake_table(2e-3, 6e-3), "not the float 3.0"),
+    ],
+)
+def test_growth_wrong_and_malformed_answers_get_their_own_message(wrong, table, hint):
+    outcome = ex.check_growth_prediction(wrong, table)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+    assert "(W+1)u" not in outcome.message

@@ -128,6 +128,27 @@ def test_the_outer_step_exercise_on_its_three_paths():
     from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
     from commhooks_lab.exercises import communicate_less_often as ex
 
+    def summed(global_params, local_params, buffers, lr=0.7, momentum=0.9):  # Δ not divided by the ranks
+        for i, (theta, buf) in enumerate(zip(global_params, buffers)):
+            delta = sum(theta - rank[i] for rank in local_params)
+            buf.mul_(momentum).add_(delta)
+            theta.sub_(lr * (delta + momentum * buf))
+
+    def buffer_rebound(global_params, local_params, buffers, lr=0.7, momentum=0.9):
+        for i, theta in enumerate(global_params):
+            delta = torch.stack([theta - rank[i] for rank in local_params]).mean(0)
+            buf = momentum * buffers[i] + delta
+            theta -= lr * (delta + momentum * buf)
+
+    def theta_rebound(global_params, local_params, buffers, lr=0.7, momentum=0.9):
+        for i, theta in enumerate(global_params):
+            delta = torch.stack([theta - rank[i] for rank in local_params]).mean(0)
+            buffers[i].mul_(momentum).add_(delta)
+            theta = theta - lr * (delta + momentum * buffers[i])
+
+    def scaled(global_params, local_params, buffers, lr=0.7, momentum=0.9):  # no slip the check knows
+        ex.outer_step(global_params, local_params, buffers, lr=lr / 2, momentum=momentum)
+
     def stub(global_params, local_params, buffers, lr=0.7, momentum=0.9):
         raise NotImplementedError
 
@@ -137,6 +158,11 @@ def test_the_outer_step_exercise_on_its_three_paths():
         (ex._variant(ex._wrong_sign), "moves away from the ranks"),
         (ex._variant(ex._heavy_ball), "heavy-ball"),
         (ex._variant(ex._no_momentum), "No momentum"),
+        (summed, "You summed the pseudo-gradients"),
+        (buffer_rebound, "does not carry over"),
+        (theta_rebound, "θ_global did not change"),
+        (lambda global_params, local_params, buffers, lr=0.7, momentum=0.9: None, "θ_global did not change"),
+        (scaled, "θ_global is not the reference's"),
     ]:
         outcome = ex.check_outer_step(slip)
         assert outcome.status == WRONG and hint in outcome.message and outcome.value is ex.outer_step

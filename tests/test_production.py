@@ -56,6 +56,49 @@ def test_the_timeline_exercise_on_its_three_paths(timeline, capsys):
     assert right.status == RIGHT and "4 measured ones" in right.message
 
 
+def counted_twice(buckets):  # every bucket's own overlap with compute, overlapping buckets added twice
+    computing = exercise._computing(buckets)
+    hidden = sum(exercise._overlap([(r, d)], computing) for r, _, d in buckets)
+    return hidden / sum(d - r for r, _, d in buckets)
+
+
+def hook_calls_as_compute(buckets):
+    comm = exercise._union([(r, d) for r, _, d in buckets])
+    return exercise._overlap(comm, [(0.0, max(r for r, _, _ in buckets))]) / exercise._length(comm)
+
+
+def after_the_last_gradient(buckets):
+    comm = exercise._union([(r, d) for r, _, d in buckets])
+    return exercise._overlap(comm, [(0.0, max(d for _, _, d in buckets))]) / exercise._length(comm)
+
+
+def by_backward_time(buckets):
+    comm = exercise._union([(r, d) for r, _, d in buckets])
+    return exercise._overlap(comm, exercise._computing(buckets)) / max(d for _, _, d in buckets)
+
+
+HAND_MADE = {tuple(b): hidden_share(b) for b in exercise.CASES.values()}
+
+
+@pytest.mark.parametrize(
+    "attempt, hint",
+    [
+        (counted_twice, "merge the intervals"),
+        (hook_calls_as_compute, "inside a hook call"),
+        (after_the_last_gradient, "what is sent after that is exposed"),
+        (by_backward_time, "divide by the communication time"),
+        (lambda buckets: 100 * hidden_share(buckets), "not a percentage"),
+        (lambda buckets: HAND_MADE.get(tuple(buckets), 0.5), "right on the hand-made backwards"),  # a lookup table
+        (lambda buckets: 0.5, "for every hand-made backward"),  # a hard-coded number
+        (lambda buckets: hidden_share(buckets) * 0.9, "draw its intervals on a line"),
+    ],
+    ids=["counted_twice", "hook_calls", "after_last", "backward_time", "percentage", "lookup", "constant", "other"],
+)
+def test_the_timeline_exercise_wrong_answers_get_their_own_hint(attempt, hint, timeline):
+    outcome = exercise.check_hidden_share(attempt, timeline)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+
+
 def test_accumulation_pays_bytes_per_optimizer_step_and_powersgd_counts_optimizer_steps(cluster):
     table = accumulation.accumulation_table(steps=3, cluster=cluster)
     one, four = (table[table["micro_batches"] == k].reset_index(drop=True) for k in (1, 4))

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import ast
 import inspect
+import numbers
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,10 +148,23 @@ def run_beside_reference(
     return mine.steps, theirs.steps
 
 
-def check_prediction(name: str, attempt: Any, answer: Any, hint: str, explanation: str = "") -> Outcome:
+def check_prediction(
+    name: str,
+    attempt: Any,
+    answer: Any,
+    hint: str,
+    explanation: str = "",
+    *,
+    slips: Sequence[tuple[Any, str]] = (),
+    malformed: Callable[[Any], str | None] | None = None,
+) -> Outcome:
     """Check a prediction committed *before* the measurement that answers it is shown.
 
     ``hint`` says what to look at without giving the answer; ``explanation`` is shown once right.
+    ``slips`` pairs plausible wrong answers with a hint of their own (used instead of ``hint``);
+    ``malformed(attempt)`` returns a message when the attempt is no answer at all (a wrong type, a
+    misspelt choice, a number out of range), else None: it is checked first, so ``True`` never
+    passes for ``1``.
     """
     if attempt is None:
         return _say(
@@ -161,6 +175,45 @@ def check_prediction(name: str, attempt: Any, answer: Any, hint: str, explanatio
                 answer,
             )
         )
-    if attempt == answer:
+    problem = malformed(attempt) if malformed is not None else None
+    if problem:
+        return _say(Outcome(WRONG, f"✗ {name}: {problem}", answer))
+    if _equal(attempt, answer):
         return _say(Outcome(RIGHT, f"✓ {name}: right. {explanation}".rstrip(), answer))
-    return _say(Outcome(WRONG, f"✗ {name}: not yet. {hint}", answer))
+    own = next((text for value, text in slips if _equal(attempt, value)), hint)
+    return _say(Outcome(WRONG, f"✗ {name}: not yet. {own}", answer))
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # an array compared element by element, say: not an answer's equal
+        return False
+
+
+def _choice_problem(attempt: Any, choices: Sequence[Any]) -> str | None:
+    """A message if ``attempt`` is not one of the string ``choices`` (a wrong type, a misspelling), else None."""
+    if isinstance(attempt, str) and attempt in choices:
+        return None
+    listed = " or ".join(repr(c) for c in choices)
+    if not isinstance(attempt, str):
+        return f"answer with one of the strings {listed}, not the {type(attempt).__name__} {attempt!r}."
+    return f"{attempt!r} is not one of the choices: answer {listed}, spelt exactly so."
+
+
+def _whole_number_problem(attempt: Any, what: str, minimum: int = 0) -> str | None:
+    """A message if ``attempt`` is not a whole number >= ``minimum`` (a bool, a str, a fraction), else None."""
+    if isinstance(attempt, bool) or not isinstance(attempt, numbers.Integral):
+        if isinstance(attempt, float) and attempt.is_integer() and attempt >= minimum:
+            return None
+        return f"{what} is a whole number (an int), got {type(attempt).__name__} {attempt!r}."
+    if attempt < minimum:
+        return f"{what} is at least {minimum}, got {attempt!r}."
+    return None
+
+
+def _bool_problem(attempt: Any) -> str | None:
+    """A message if ``attempt`` is not True or False (a NumPy bool counts), else None."""
+    if isinstance(attempt, bool) or type(attempt).__name__ == "bool_":
+        return None
+    return f"answer True or False (a bool), not the {type(attempt).__name__} {attempt!r}."

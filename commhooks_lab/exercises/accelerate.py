@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import Outcome, check_function, check_prediction, reference
+from . import Outcome, _choice_problem, check_function, check_prediction, reference
 
 __all__ = [
     "check_fp16_wrapper_prediction",
@@ -95,7 +95,15 @@ def _verify_kwargs(fn) -> str | None:
 
 
 def check_combined_kwargs(attempt) -> Outcome:
-    """``combined_kwargs() -> DistributedDataParallelKwargs`` for the exercise's configuration."""
+    """``combined_kwargs() -> DistributedDataParallelKwargs`` for the exercise's configuration.
+
+    Wrong answers it recognises, each told by its own hint: the guide's example as is, start_powerSGD_iter left at
+    1000 ("first compressed step is step 1000"); start one step late ("step 4"); hook and wrapper swapped
+    ("swapped"); plain strings, which Accelerate silently ignores ("no hook is registered"); the wrapper NO
+    ("wraps PowerSGD"); BATCHED_POWER_SGD ("not the hook"); matrix rank left at 1 ("matrix rank should be 2");
+    another default changed ("other defaults"); an argument PowerSGDState does not take ("PowerSGDState takes
+    no"); a dict instead of the dataclass ("return a DistributedDataParallelKwargs").
+    """
     return check_function(
         "combined_kwargs",
         attempt,
@@ -116,16 +124,37 @@ def fp16_wrapper_effect(plain: Any, wrapped: Any, first_step: int) -> str:
 
 
 def check_fp16_wrapper_prediction(prediction: Any, plain: Any, wrapped: Any, first_step: int) -> Outcome:
-    """Predicted: at PowerSGD's own steps, is rel_error with the FP16 wrapper lower, about the same, or higher?"""
+    """Predicted: at PowerSGD's own steps, is rel_error with the FP16 wrapper lower, about the same, or higher?
+
+    A prediction with three choices has two wrong ones; each gets its own hint (none says the answer):
+
+    - "lower", where it is not ("rounding can only help"): "Can rounding each number make";
+    - "higher", where it is not ("float16 adds error"): "how large is it next to";
+    - "about the same", where it is not: the general hint, "compare the two sizes of error".
+
+    Malformed answers get a clear message instead: not a str (a number, a bool) or a misspelt choice ("less",
+    "same", "Higher").
+    """
     answer = fp16_wrapper_effect(plain, wrapped, first_step)
-    if prediction is not None and prediction not in CHOICES:
-        return check_prediction("fp16_wrapper", prediction, answer, f"answer with one of {list(CHOICES)}.")
+    general = (
+        "compare the two sizes of error involved: what rounding to float16 adds to each number (its unit "
+        "roundoff) and what PowerSGD of matrix rank 1 leaves out of the gradient at each step."
+    )
+    slips = [
+        ("lower", f"Can rounding each number to float16 make PowerSGD's approximation better? {general}"),
+        (
+            "higher",
+            "Rounding to float16 does add error: how large is it next to what PowerSGD of matrix rank 1 leaves "
+            "out at each step? Compare float16's unit roundoff with PowerSGD's per-step rel_error.",
+        ),
+    ]
     return check_prediction(
         "fp16_wrapper",
         prediction,
         answer,
-        "compare the two sizes of error involved: what rounding to float16 adds to each number (its unit "
-        "roundoff) and what PowerSGD of matrix rank 1 leaves out of the gradient at each step.",
+        general,
         "Rounding to float16 costs about its unit roundoff, 2^-11 ≈ 4.9e-4, per number (more for subnormals and "
         "after float16 arithmetic); PowerSGD's per-step error at matrix rank 1 is close to 1, so PowerSGD decides.",
+        slips=slips,
+        malformed=lambda attempt: _choice_problem(attempt, CHOICES),
     )

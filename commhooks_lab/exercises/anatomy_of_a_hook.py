@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import Outcome, check_function, check_prediction, reference
+from . import Outcome, _whole_number_problem, check_function, check_prediction, reference
 
 __all__ = ["CASES", "check_first_step_buckets", "check_fp16_divide_after", "fp16_divide_after", "run_hooks_on_cases"]
 
@@ -23,8 +23,39 @@ __all__ = ["CASES", "check_first_step_buckets", "check_fp16_divide_after", "fp16
 
 
 def check_first_step_buckets(prediction: Any, seen: list[dict]) -> Outcome:
-    """How many buckets the hook saw at step 0 (the answer is read from what the hook recorded)."""
+    """How many buckets the hook saw at step 0 (the answer is read from what the hook recorded).
+
+    Wrong answers it recognises, each told by its own hint (none says the answer):
+
+    - the number of buckets the later steps use, after the rebuild: "once DDP has rebuilt them";
+    - one bucket per parameter (counted from the step-0 rows' "parameters"): "one bucket per parameter";
+    - 0: "the hook was called at step 0";
+    - any other count, such as the fp32 bytes over bucket_cap_mb: the general hint, "compute_bucket_size_limits".
+
+    Malformed answers get a clear message instead: not a whole number (a str, a bool, a fraction) or below 0.
+    """
     answer = sum(1 for row in seen if row["step"] == 0)
+    later = [sum(1 for row in seen if row["step"] == step) for step in sorted({row["step"] for row in seen} - {0})]
+    parameters = sum(
+        len(str(row["parameters"]).split(", ")) for row in seen if row["step"] == 0 and "parameters" in row
+    )
+    slips = [(0, "The hook was called at step 0: every step's gradients reach it, in some number of buckets.")]
+    if later:
+        slips.append(
+            (
+                later[0],
+                "That is how many buckets the later steps use, once DDP has rebuilt them in the order gradients "
+                "arrived: what can DDP know about that order before the first backward?",
+            )
+        )
+    if parameters:
+        slips.append(
+            (
+                parameters,
+                "That is one bucket per parameter: DDP groups gradients into buckets to make fewer, larger calls. "
+                "What size limit does the first bucketing use?",
+            )
+        )
     return check_prediction(
         "first_step_buckets",
         prediction,
@@ -35,6 +66,8 @@ def check_first_step_buckets(prediction: Any, seen: list[dict]) -> Outcome:
         "DDP puts every parameter in one bucket for the first step (its limit is sys.maxsize unless "
         "find_unused_parameters=True), records the order in which gradients arrive, and rebuilds the buckets "
         "once, in that order, within bucket_cap_mb.",
+        slips=[(value, hint) for value, hint in slips if value != answer],
+        malformed=lambda attempt: _whole_number_problem(attempt, "a number of buckets"),
     )
 
 
@@ -67,6 +100,14 @@ def _sum_without_dividing(state, bucket) -> torch.futures.Future[torch.Tensor]:
     buffer = bucket.buffer()
     future = dist.all_reduce(buffer.to(torch.float16), async_op=True).get_future()
     return future.then(lambda fut: buffer.copy_(fut.value()[0]))
+
+
+def _divide_twice(state, bucket) -> torch.futures.Future[torch.Tensor]:
+    """Another: divides before the all-reduce and again after it, the mean divided by W once more."""
+    buffer = bucket.buffer()
+    world = dist.get_world_size()
+    future = dist.all_reduce(buffer.to(torch.float16).div_(world), async_op=True).get_future()
+    return future.then(lambda fut: buffer.copy_(fut.value()[0]).div_(world))
 
 
 #: Each case gives every rank its gradient (rank r gets row r % 2). float16's largest finite value is
@@ -144,6 +185,7 @@ def _verify_divide_after(hook, cluster=None, world_size: int = 2) -> str | None:
         "reference_in_float16": _divide_in_float16_after,
         "divide_first": default_hooks.fp16_compress_hook,
         "no_divide": _sum_without_dividing,
+        "divide_twice": _divide_twice,
     }
     if cluster is not None:
         ranks = cluster.run(run_hooks_on_cases, hooks, CASES, timeout_s=60)
@@ -152,6 +194,11 @@ def _verify_divide_after(hook, cluster=None, world_size: int = 2) -> str | None:
     mine, ref = ranks[0]["yours"], ranks[0]["reference"]
     if mine["error"]:
         return f"Inside DDP your hook raised {mine['error']}"
+    if "float16" not in mine["dtypes"] and "bfloat16" in mine["dtypes"]:
+        return (
+            "Your hook handed bfloat16 to all_reduce: as many bytes as float16, but 8 significand bits instead of "
+            "11, and the exercise is about float16's overflow and underflow. Cast the bucket to torch.float16."
+        )
     if "float16" not in mine["dtypes"]:
         return (
             f"Your hook handed {', '.join(mine['dtypes']) or 'nothing'} to all_reduce: cast the bucket to "
@@ -170,6 +217,11 @@ def _verify_divide_after(hook, cluster=None, world_size: int = 2) -> str | None:
         )
     if all(_equal(mine["grads"], ranks[0]["no_divide"]["grads"], case) for case in CASES):
         return "Your result is the sum over ranks, W times the mean: divide the reduced tensor by the world size."
+    if all(_equal(mine["grads"], ranks[0]["divide_twice"]["grads"], case) for case in CASES):
+        return (
+            "Your hook divides by W twice, before the all-reduce and after it: the mean over W once more. Divide "
+            "once, after the sum."
+        )
     case = wrong[0]
     got = mine["grads"].get(case)
     return (
@@ -190,7 +242,15 @@ def _verify_on_two_world_sizes(hook, cluster=None) -> str | None:
 
 
 def check_fp16_divide_after(attempt, cluster=None) -> Outcome:
-    """Your hook inside DDP on two ranks, then three, on ordinary, huge and tiny gradients, beside the reference."""
+    """Your hook inside DDP on two ranks, then three, on ordinary, huge and tiny gradients, beside the reference.
+
+    Wrong answers it recognises, each told by its own hint: PyTorch's fp16_compress_hook, which divides first
+    ("divides before the all-reduce"); the sum never divided ("W times the mean"); float32 on the wire ("cast the
+    bucket to float16"); bfloat16 on the wire ("8 significand bits"); a division by W both before and after
+    ("divides by W twice"); a hard-coded 2, right on two ranks only ("On 3 ranks"); ranks that do different
+    arithmetic ("different gradients"); a hook that raises ("Inside DDP your hook raised"). Anything else gets the
+    general hint, the gradient it left on one case ("not the float16 sum divided by W").
+    """
     return check_function(
         "fp16_divide_after",
         attempt,

@@ -52,6 +52,27 @@ def _no_momentum(theta, buf, delta, mine, lr, momentum) -> None:
     theta.sub_(lr * delta)
 
 
+def _summed(global_params, local_params, buffers, lr=0.7, momentum=0.9) -> None:
+    for i, (theta, buf) in enumerate(zip(global_params, buffers)):
+        delta = sum(theta - rank[i] for rank in local_params)  # not divided by the number of ranks
+        buf.mul_(momentum).add_(delta)
+        theta.sub_(lr * (delta + momentum * buf))
+
+
+def _buffer_not_kept(global_params, local_params, buffers, lr=0.7, momentum=0.9) -> None:
+    for i, (theta, buf) in enumerate(zip(global_params, buffers)):
+        delta = sum(theta - rank[i] for rank in local_params) / len(local_params)
+        buf = momentum * buf + delta  # a new tensor: buffers[i] never changes
+        theta.sub_(lr * (delta + momentum * buf))
+
+
+def _not_in_place(global_params, local_params, buffers, lr=0.7, momentum=0.9) -> None:
+    for i, (theta, buf) in enumerate(zip(global_params, buffers)):
+        delta = sum(theta - rank[i] for rank in local_params) / len(local_params)
+        buf.mul_(momentum).add_(delta)
+        theta = theta - lr * (delta + momentum * buf)  # a new tensor: global_params[i] never changes  # noqa: F841
+
+
 _AVERAGED = (
     "You set θ_global to the ranks' mean parameters: that is local SGD's step. DiLoCo averages the "
     "pseudo-gradients Δ = θ_global - θ_local and lets an outer optimizer step on them."
@@ -65,6 +86,21 @@ _SLIPS = [
     (_SIGN, _variant(_wrong_sign)),
     ("That is plain (heavy-ball) momentum, θ -= lr b. Nesterov looks ahead: θ -= lr (Δ + m b).", _variant(_heavy_ball)),
     ("No momentum: keep a buffer per tensor, b = m b + Δ, and use it.", _variant(_no_momentum)),
+    (
+        "You summed the pseudo-gradients over the ranks: Δ is their mean, so that the step does not grow with the "
+        "number of ranks.",
+        _summed,
+    ),
+    (
+        "Your momentum buffer does not carry over from one outer step to the next: `buf = ...` makes a new "
+        "tensor. Update buffers[i] in place (buf.mul_(m).add_(Δ)).",
+        _buffer_not_kept,
+    ),
+    (
+        "θ_global did not change: `theta = theta - ...` makes a new tensor and leaves global_params as it was. "
+        "Update the tensors in place (theta.sub_(...)).",
+        _not_in_place,
+    ),
 ]
 
 
@@ -115,7 +151,16 @@ def _verify(fn: Callable) -> str | None:
 
 
 def check_outer_step(attempt: Any) -> Outcome:
-    """``outer_step(global_params, local_params, buffers, lr, momentum)``, in place, against the reference."""
+    """``outer_step(global_params, local_params, buffers, lr, momentum)``, in place, against the reference, with
+    two settings of lr and momentum.
+
+    Wrong answers it recognises, each told by its own hint: the ranks' parameters averaged ("local SGD's step");
+    the pseudo-gradient's sign flipped ("moves away from the ranks"); heavy-ball momentum ("heavy-ball"); no
+    momentum ("No momentum"); the pseudo-gradients summed, not averaged ("You summed"); a buffer rebound, not
+    updated in place ("does not carry over"); θ rebound, not updated in place ("did not change"); the paper's lr
+    and momentum hard-coded, right on the first setting only ("use the lr and momentum your function is given").
+    Anything else gets the general hint ("θ_global is not the reference's").
+    """
     return check_function(
         "outer_step",
         attempt,

@@ -8,7 +8,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
-from . import NOT_ATTEMPTED, RIGHT, WRONG, Outcome, _say, check_prediction, reference
+from . import NOT_ATTEMPTED, RIGHT, WRONG, Outcome, _choice_problem, _say, check_prediction, reference
 
 __all__ = ["check_ef_switch_prediction", "check_half_bytes_rank", "half_bytes_rank", "uncompressed_from"]
 
@@ -21,18 +21,31 @@ MIN_COMPRESSION_RATE = 2.0  # PowerSGDState's default, which the dashboard shows
 
 
 def check_ef_switch_prediction(prediction: Any, both_on, without_ef) -> Outcome:
-    """Prediction "higher" or "lower": cumulative_rel_error without error feedback, against both switches on."""
+    """Prediction "higher" or "lower": cumulative_rel_error without error feedback, against both switches on.
+
+    A prediction with two choices has one wrong one; each gets its own hint (none says the answer):
+
+    - "lower", where it is higher ("warm start carries what was dropped"): "matrix rank 1 cannot represent";
+    - "higher", where it is lower: "in this run".
+
+    Malformed answers get a clear message instead: not a str, or a misspelt choice ("up", "Higher").
+    """
     worse = without_ef.steps["cumulative_rel_error"].iloc[-1] > both_on.steps["cumulative_rel_error"].iloc[-1]
-    if prediction is not None and prediction not in ("higher", "lower"):
-        prediction = f"{prediction!r}, not 'higher' or 'lower'"
+    hint = (
+        "cumulative_rel_error compares the sums over steps. Where does the part of a gradient that matrix rank 1 "
+        "cannot represent go, with error feedback and without it?"
+        if worse
+        else "cumulative_rel_error compares the sums over steps: in this run, how much did each step leave out, "
+        "and did what was left out add up or cancel?"
+    )
     return check_prediction(
         "ef_switch_prediction",
         prediction,
         "higher" if worse else "lower",
-        "cumulative_rel_error compares the sums over steps. Where does the part of a gradient that matrix rank 1 "
-        "cannot represent go, with error feedback and without it?",
+        hint,
         "Without error feedback what the rank-1 approximation misses is dropped for good, so the sum drifts; "
         "without warm start it is re-sent later, so the sum stays close.",
+        malformed=lambda attempt: _choice_problem(attempt, ("higher", "lower")),
     )
 
 
@@ -88,7 +101,18 @@ def _measured_share(matrix_rank: int, cluster, model: str) -> float:
 
 
 def check_half_bytes_rank(answer: Any, cluster=None, model: str = "mlp") -> Outcome:
-    """Your matrix rank r: PowerSGD must send at least half of fp32's bytes at r, and less at r - 1 (measured)."""
+    """Your matrix rank r: PowerSGD must send at least half of fp32's bytes at r, and less at r - 1 (measured).
+
+    Wrong answers it recognises, each told by its own hint (the measured shares, never the answer):
+
+    - too small, where one matrix goes uncompressed (5 for the mlp's 10 x 128): "goes uncompressed from";
+    - too small otherwise (17, one below): "look at larger matrix ranks";
+    - too large, where nothing is compressed any more (22 for the mlp's 128 x 64): "every matrix goes
+      uncompressed";
+    - too large otherwise (19, one above): "look at smaller matrix ranks".
+
+    Malformed answers get a clear message instead: not a whole number >= 1 ("18", 0, 2.5, True).
+    """
     from ..engine.models import build_task
     from ..studies.network import parameter_shapes
 
@@ -109,23 +133,39 @@ def check_half_bytes_rank(answer: Any, cluster=None, model: str = "mlp") -> Outc
             Outcome(WRONG, f"✗ {name}: a matrix rank is a whole number >= 1, got {answer!r}.", reference_answer)
         )
     answer = int(answer)
+    uncompressed = {shape: r for shape, r in uncompressed_from(shapes).items() if r is not None}
     share = _measured_share(answer, cluster, model)
     if share < FP16_SHARE:
+        at = [shape for shape, r in uncompressed.items() if r == answer]
+        where = (
+            f"the {at[0]} matrix goes uncompressed from matrix rank {answer} on, but that is not enough: " if at else ""
+        )
         return _say(
             Outcome(
                 WRONG,
                 f"✗ {name}: not yet. At matrix rank {answer} PowerSGD sends {share:.1%} of fp32's bytes, less than "
-                "fp16's 50%: look at larger matrix ranks.",
+                f"fp16's 50%: {where}look at larger matrix ranks.",
                 reference_answer,
             )
         )
     below = _measured_share(answer - 1, cluster, model) if answer > 1 else 0.0
     if below >= FP16_SHARE:
+        every = (
+            bool(uncompressed)
+            and len(uncompressed) == len(uncompressed_from(shapes))
+            and answer >= max(uncompressed.values())
+        )
+        where = (
+            f"at matrix rank {answer} every matrix goes uncompressed, so PowerSGD sends as much as fp32; the "
+            "question asks where it first reaches half. "
+            if every
+            else ""
+        )
         return _say(
             Outcome(
                 WRONG,
-                f"✗ {name}: not yet. Matrix rank {answer - 1} already sends {below:.1%} of fp32's bytes: look at "
-                "smaller matrix ranks, and at each layer's shape.",
+                f"✗ {name}: not yet. {where}At matrix rank {answer} PowerSGD sends {share:.1%} of fp32's bytes, and "
+                "a smaller matrix rank already sends half: look at smaller matrix ranks, and at each layer's shape.",
                 reference_answer,
             )
         )

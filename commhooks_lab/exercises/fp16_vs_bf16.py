@@ -26,8 +26,38 @@ def survives(entries: Sequence[float], dtype: torch.dtype, tolerance: float = 0.
     return (((x.to(dtype).float() - x).abs() / x.abs()) < tolerance).tolist()
 
 
+def _regime_hint(x: float, name: str, dtype: torch.dtype) -> str:
+    """Where ``x`` lies in ``dtype``'s range, as a question (never the verdict)."""
+    info = torch.finfo(dtype)
+    if abs(x) > info.max:
+        return f"{x} lies above {name}'s largest finite value ({info.max:.4g}): what does a cast make of it?"
+    if abs(x) < info.tiny:
+        spacing = info.tiny * info.eps  # the subnormals' fixed spacing
+        return (
+            f"{x} lies below {name}'s smallest normal ({info.tiny:.3g}), where neighbouring values are a fixed "
+            f"{spacing:.3g} apart: how far can rounding move {x}, next to 1% of it?"
+        )
+    return (
+        f"{x} lies in {name}'s normal range, where rounding moves a number by at most the unit roundoff "
+        f"(torch.finfo(torch.{name}).eps / 2) of its size: compare that with 1%"
+    )
+
+
 def check_within_one_percent(prediction: Any, entries: Sequence[float]) -> Outcome:
-    """``prediction`` = {"float16": [bool per entry], "bfloat16": [...]}, committed before the casts are shown."""
+    """``prediction`` = {"float16": [bool per entry], "bfloat16": [...]}, committed before the casts are shown.
+
+    Wrong answers it recognises, each told by its own hint (none gives an entry's verdict):
+
+    - every entry survives in both formats ("1% is generous"): "every entry to survive";
+    - the same answers for both formats: "the same answers";
+    - each format given the other's answers: "which format has which range";
+    - otherwise, per wrong entry, where it lies: above the largest finite value ("what does a cast make of it"),
+      below the smallest normal ("a fixed ... apart": every subnormal failing, say), or in the normal range
+      ("compare that with 1%": bfloat16 losing tiny values, say).
+
+    Malformed answers get a clear message instead: not a dict with the two keys ("fp16" for "float16", say), a
+    list of the wrong length, an entry that is not True or False ("yes").
+    """
     answer = {name: survives(entries, dtype) for name, dtype in FORMATS.items()}
     if prediction is None:
         return _say(
@@ -40,30 +70,56 @@ def check_within_one_percent(prediction: Any, entries: Sequence[float]) -> Outco
         )
     if not isinstance(prediction, dict) or set(prediction) != set(FORMATS):
         return _say(Outcome(WRONG, '✗ within_one_percent: give a dict with keys "float16" and "bfloat16".', answer))
-    problems = []
-    for name, dtype in FORMATS.items():
-        mine = list(prediction[name])
-        if len(mine) != len(entries):
-            problems.append(f"{name}: give {len(entries)} answers, one per entry")
+    problems, mine = [], {}
+    for name in FORMATS:
+        try:
+            mine[name] = list(prediction[name])
+        except TypeError:
+            problems.append(f"{name}: give a list of {len(entries)} answers, one per entry")
             continue
-        wrong = [str(x) for x, a, b in zip(entries, mine, answer[name]) if bool(a) != b]
-        if wrong:
-            info = torch.finfo(dtype)
-            problems.append(
-                f"{name} is not right for {', '.join(wrong)}: is each above {name}'s largest finite value "
-                f"({info.max:.4g}), below its smallest normal ({info.tiny:.3g}), where the spacing of representable "
-                f"numbers stops shrinking with x, or below half its smallest subnormal?"
-            )
+        if len(mine[name]) != len(entries):
+            problems.append(f"{name}: give {len(entries)} answers, one per entry")
+        elif not all(isinstance(a, bool) or type(a).__name__ == "bool_" for a in mine[name]):
+            odd = next(a for a in mine[name] if not (isinstance(a, bool) or type(a).__name__ == "bool_"))
+            problems.append(f"{name}: answer True or False for each entry, not {odd!r}")
     if problems:
-        return _say(Outcome(WRONG, "✗ within_one_percent: not yet. " + "; ".join(problems), answer))
-    return _say(
-        Outcome(
-            RIGHT,
-            "✓ within_one_percent: right. Relative precision is constant (u) between the smallest normal and the "
-            "largest value; below the smallest normal the spacing is fixed, so the relative error grows as x shrinks.",
-            answer,
+        return _say(Outcome(WRONG, "✗ within_one_percent: " + "; ".join(problems) + ".", answer))
+    mine = {name: [bool(a) for a in values] for name, values in mine.items()}
+    if mine == answer:
+        return _say(
+            Outcome(
+                RIGHT,
+                "✓ within_one_percent: right. Relative precision is constant (u) between the smallest normal and "
+                "the largest value; below the smallest normal the spacing is fixed, so the relative error grows as "
+                "x shrinks.",
+                answer,
+            )
         )
-    )
+    fp16, bf16 = mine["float16"], mine["bfloat16"]
+    if all(fp16) and all(bf16):
+        problems = [
+            "you expect every entry to survive in both formats. 1% is far above either format's unit roundoff, but "
+            "a cast can also overflow or underflow: where does each format's range end?"
+        ]
+    elif fp16 == bf16 and answer["float16"] != answer["bfloat16"]:
+        problems = [
+            "you gave both formats the same answers, but they split their 16 bits differently: float16 keeps more "
+            "significand bits, bfloat16 more exponent bits. Compare their ranges (torch.finfo(dtype).max, .tiny)."
+        ]
+    elif fp16 == answer["bfloat16"] and bf16 == answer["float16"]:
+        problems = [
+            "check which format has which range: torch.finfo(torch.float16) and torch.finfo(torch.bfloat16) give "
+            "each one's max and tiny (its smallest normal)."
+        ]
+    else:
+        for name, dtype in FORMATS.items():
+            wrong = [x for x, a, b in zip(entries, mine[name], answer[name]) if a != b]
+            if wrong:
+                problems.append(
+                    f"{name} is not right for {', '.join(str(x) for x in wrong)}: "
+                    + "; ".join(_regime_hint(x, name, dtype) for x in wrong)
+                )
+    return _say(Outcome(WRONG, "✗ within_one_percent: not yet. " + "; ".join(problems), answer))
 
 
 # -- the compress hooks' arithmetic in one process --------------------------------------------------------
@@ -199,7 +255,16 @@ def _verify_simulate(fn) -> str | None:
 
 def check_simulate_compress(attempt) -> Outcome:
     """``simulate_compress(local_grads, dtype)`` against the reference, bit for bit, on fixed inputs of two and
-    three ranks."""
+    three ranks.
+
+    Wrong answers it recognises, each told by its own hint: one rounding of the exact mean ("rounded once");
+    division after the sum ("divided by W after the sum"); no division ("W times the mean"); division before the
+    cast ("divided before casting"); a hard-coded 2, right on two ranks only ("divided by 2"); the ranks added
+    last first ("reverse order"); torch.sum over a stack ("one by one"); the sum in float32 ("summed in
+    float32"); the dtype argument ignored ("use the dtype argument"); a 16-bit result ("casts the sum back to
+    float32"); the wrong shape, a hard-coded tensor of another size say ("the gradient's shape"). Anything else,
+    a hard-coded tensor of the right shape too, gets the general hint ("differs from the hook's").
+    """
     return check_function(
         "simulate_compress",
         attempt,

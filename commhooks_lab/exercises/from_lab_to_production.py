@@ -50,13 +50,31 @@ def _slips(buckets: Buckets) -> dict[str, float]:
 
 
 def _verify(fn: Callable[[Buckets], float], timeline_cases: dict[str, Buckets]) -> str | None:
+    hand = {name: float(fn(list(buckets))) for name, buckets in CASES.items()}
+
+    def fits(hint: str) -> bool:  # the slip gives the learner's number on every hand-made backward
+        return all(abs(hand[name] - _slips(buckets)[hint]) <= 1e-9 for name, buckets in CASES.items())
+
     for name, buckets in {**CASES, **timeline_cases}.items():
-        got, want = float(fn(list(buckets))), hidden_share(buckets)
+        got, want = hand[name] if name in hand else float(fn(list(buckets))), hidden_share(buckets)
         if abs(got - want) <= 1e-9:
             continue
         for hint, slip in _slips(buckets).items():
-            if abs(got - slip) <= 1e-9 and abs(slip - want) > 1e-9:
+            if abs(got - slip) <= 1e-9 and abs(slip - want) > 1e-9 and fits(hint):
                 return f"for {name!r} you get {got:.4f}: {hint}"
+        if abs(got - 100 * want) <= 1e-7:
+            return f"for {name!r} you get {got:.4f}: return a share between 0 and 1, not a percentage."
+        if len(set(hand.values())) == 1:
+            return (
+                f"you get {got:.4f} for every hand-made backward, whatever its buckets: compute the share from the "
+                "(ready, returned, done) times you are given."
+            )
+        if name not in CASES:
+            return (
+                f"right on the hand-made backwards, but for {name!r} you get {got:.4f}, the reference {want:.4f}: "
+                "a measured backward has buckets whose times interleave in other ways (sort by ready, merge what "
+                "overlaps)."
+            )
         drawn = ", ".join(f"({r:.4f}, {t:.4f}, {d:.4f})" for r, t, d in sorted(buckets))
         return (
             f"for {name!r} you get {got:.4f}, the reference {want:.4f}; draw its intervals on a line (sorted by "
@@ -66,7 +84,15 @@ def _verify(fn: Callable[[Buckets], float], timeline_cases: dict[str, Buckets]) 
 
 
 def check_hidden_share(attempt, timeline=None) -> Outcome:
-    """Your hidden_share on hand-made backwards and on rank 0's backwards of ``timeline``."""
+    """Your hidden_share on hand-made backwards and on rank 0's backwards of ``timeline``.
+
+    Wrong answers it recognises, each told by its own hint: overlapping buckets counted twice ("merge the
+    intervals"); time inside a blocking hook call counted as compute ("inside a hook call"); communication after
+    the last gradient counted as hidden ("what is sent after that is exposed"); a division by the backward time
+    ("divide by the communication time"); a percentage ("not a percentage"); an answer right on the hand-made
+    backwards only ("right on the hand-made backwards"); a hard-coded number ("for every hand-made backward").
+    Anything else gets the general hint ("draw its intervals on a line").
+    """
     real: dict[str, Buckets] = {}
     if timeline is not None:
         for (hook, repeat), rows in timeline[timeline["rank"] == 0].groupby(["hook", "repeat"]):

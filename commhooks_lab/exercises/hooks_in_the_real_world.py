@@ -7,7 +7,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..hooks.contract import completed_future
-from . import Outcome, check_function, check_prediction, reference
+from . import Outcome, _choice_problem, check_function, check_prediction, reference
 
 __all__ = ["bytes_answer", "check_bytes_prediction", "check_compile_safe_hook", "compile_safe_mean_hook"]
 
@@ -72,7 +72,14 @@ def _graph_break_hint(count: int, reasons: str) -> str:
 
 
 def check_compile_safe_hook(attempt, cluster=None) -> Outcome:
-    """Your hook in eager DDP and under compiled autograd: the exact mean both times, no graph break compiled."""
+    """Your hook in eager DDP and under compiled autograd: the exact mean both times, no graph break compiled.
+
+    Wrong answers it recognises, each told by its own hint: the bucket-only hook, which fails on the tuple ("take
+    bucket[0] when isinstance(bucket, tuple)"); no division ("divide the bucket"); no Future in eager DDP
+    ("completed_future(tensor)"); a Future built on the tuple path too, by completed_future ("return the tensor
+    itself") or by hand ("making a torch.futures.Future"); a copy reduced under compiled autograd, not
+    param.grad itself ("divide that tensor in place"); another graph break ("keep to tensor work").
+    """
     return check_function(
         "compile_safe_hook",
         attempt,
@@ -91,12 +98,33 @@ def bytes_answer(with_state, without_state, resumed_at: int) -> str:
 
 
 def check_bytes_prediction(prediction: Any, with_state, without_state, resumed_at: int) -> Outcome:
-    """Prediction: after the resume, does the run without hook state send 'more', 'fewer' or the 'same' bytes?"""
+    """Prediction: after the resume, does the run without hook state send 'more', 'fewer' or the 'same' bytes?
+
+    A prediction with three choices has two wrong ones; each gets its own hint (none says the answer):
+
+    - "same" ("a resume restores everything"): "what does PowerSGD do before start_powerSGD_iter";
+    - "fewer": "its own counter";
+    - "more", where it is not: the general hint, "what a new PowerSGDState".
+
+    Malformed answers get a clear message instead: not a str, or a misspelt choice ("More", "higher").
+    """
+    slips = [
+        ("same", "a new PowerSGDState starts with iter = 0: what does PowerSGD do before start_powerSGD_iter?"),
+        (
+            "fewer",
+            "what PowerSGD sends depends on its own counter, state.iter, not on the training step: where does that "
+            "counter stand in a new PowerSGDState, and what does PowerSGD send while it is below "
+            "start_powerSGD_iter?",
+        ),
+    ]
     return check_prediction(
         "resume_bytes",
         prediction,
         bytes_answer(with_state, without_state, resumed_at),
-        "a new PowerSGDState starts with iter = 0: what does PowerSGD do before start_powerSGD_iter?",
+        "compare what a new PowerSGDState and the saved one do at the steps after the resume: which of them has "
+        "passed start_powerSGD_iter?",
         "A new PowerSGDState counts from iter 0 again, and PowerSGD sends plain float32 all-reduces until "
         "start_powerSGD_iter.",
+        slips=slips,
+        malformed=lambda attempt: _choice_problem(attempt, ("more", "fewer", "same")),
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import Outcome, check_function, check_prediction, reference
+from . import Outcome, _whole_number_problem, check_function, check_prediction, reference
 
 __all__ = ["best_rank_r_error", "check_best_rank_r_error", "check_smallest_matrix_rank", "smallest_exact_matrix_rank"]
 
@@ -125,7 +125,16 @@ def _verify_best_rank_r_error(fn) -> str | None:
 
 
 def check_best_rank_r_error(attempt) -> Outcome:
-    """``best_rank_r_error(matrix, r) -> float``: relative Frobenius error of the truncated SVD."""
+    """``best_rank_r_error(matrix, r) -> float``: relative Frobenius error of the truncated SVD.
+
+    Wrong answers it recognises, each told by its own hint: the spectral norm ("spectral norm"); singular values
+    not squared ("in squares"); the energy share, without the square root ("share of energy"); what the
+    approximation keeps ("what the approximation keeps"); one singular value too few dropped ("which ones you
+    dropped"); the absolute error ("divides it by"); float32 arithmetic ("right up to rounding"); something that is
+    not a number ("one number"). Anything else gets the general hint ("torch.linalg.svd"): one power-iteration
+    step, say, or a hard-coded number (the cases include r = full matrix rank, where the error is 0, and matrices
+    of very different scales).
+    """
     return check_function(
         "best_rank_r_error",
         attempt,
@@ -147,19 +156,43 @@ def smallest_exact_matrix_rank(results: Sequence[Any], below: float = EXACT_BELO
 
 
 def check_smallest_matrix_rank(prediction: Any, results: Sequence[Any]) -> Outcome:
-    """Was the predicted smallest matrix rank for an exact sketch of the lowrank task right?"""
+    """Was the predicted smallest matrix rank for an exact sketch of the lowrank task right?
+
+    Wrong answers it recognises, each told by its own hint (none says the answer):
+
+    - a swept matrix rank below the answer: "cannot span";
+    - a swept matrix rank above the answer: "is it the smallest";
+    - a matrix rank the sweep did not run (0, 3, 16): "predict one of the matrix ranks the sweep ran".
+
+    Malformed answers get a clear message instead: not a whole number (a str, a bool, a fraction).
+    """
     swept = sorted(r.config["state_options"]["matrix_approximation_rank"] for r in results)
     answer = smallest_exact_matrix_rank(results)
-    if prediction is not None and prediction not in swept:
-        return check_prediction(
-            "smallest_matrix_rank", prediction, answer, f"predict one of the matrix ranks the sweep ran, {swept}."
-        )
+    problem = _whole_number_problem(prediction, "a matrix rank") if prediction is not None else None
+    if problem is None and prediction is not None and prediction not in swept:
+        problem = f"not yet. Predict one of the matrix ranks the sweep ran, {swept}."
+    count = (
+        "count the lowrank task's singular values that stand far above float32 rounding (about 1e-7 of the "
+        "largest). One power-iteration step with a random Q of matrix rank r reproduces a matrix whose matrix "
+        "rank is at most r exactly; below that it cannot."
+    )
+    slips = []
+    if answer is not None:
+        slips = [
+            (r, f"at a matrix rank below the gradient's, P = MQ cannot span its column space: {count}")
+            for r in swept
+            if r < answer
+        ] + [
+            (r, f"that matrix rank reproduces the gradient too, but is it the smallest? {count}")
+            for r in swept
+            if r > answer
+        ]
     return check_prediction(
         "smallest_matrix_rank",
         prediction,
         answer,
-        "count the lowrank task's singular values that stand far above float32 rounding (about 1e-7 of the "
-        "largest). One power-iteration step with a random Q of matrix rank r reproduces a matrix whose matrix "
-        "rank is at most r exactly; below that it cannot.",
+        count,
         "The gradient has exactly that many non-zero singular values: P = MQ spans its column space, and P P^T M = M.",
+        slips=slips,
+        malformed=lambda attempt: problem,
     )

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from . import Outcome, check_function, check_prediction, reference
+from . import Outcome, _choice_problem, check_function, check_prediction, reference
 
 __all__ = [
     "allreduce_seconds",
@@ -112,6 +112,19 @@ def _verify_latency_bound_bytes(fn) -> str | None:
     hint = _ratio_hint(ratios)
     if hint:
         return hint
+    returned_values = {float(fn(*case)) for case in _LATENCY_CASES}
+    if len(returned_values) == 1:
+        return (
+            f"your function returns {returned_values.pop():.6g} B for every case: n* depends on the world size, the "
+            "latency and the bandwidth, so compute it from them."
+        )
+    right = [case for case, (_, r) in zip(_LATENCY_CASES, ratios) if math.isclose(r, 1.0, rel_tol=1e-9)]
+    if right:
+        wrong = next(case for case, (_, r) in zip(_LATENCY_CASES, ratios) if not math.isclose(r, 1.0, rel_tol=1e-9))
+        return (
+            f"right on latency_bound_bytes{right[0]} but not on latency_bound_bytes{wrong}: a number fixed in your "
+            "code that should come from an argument? Use world_size, latency_us and bandwidth_gbps as given."
+        )
     w, latency_us, bandwidth_gbps = _LATENCY_CASES[2]
     got = float(fn(w, latency_us, bandwidth_gbps))
     t = {"allreduce_bytes": got, "allgather_bytes": 0.0, "allreduce_calls": 1, "allgather_calls": 0}
@@ -127,7 +140,17 @@ def _verify_latency_bound_bytes(fn) -> str | None:
 
 
 def check_latency_bound_bytes(attempt) -> Outcome:
-    """``latency_bound_bytes(world_size, latency_us, bandwidth_gbps)`` against the lab's network model."""
+    """``latency_bound_bytes(world_size, latency_us, bandwidth_gbps)`` against the lab's network model, on six
+    cases (world sizes 2 to 1000, powers of two and others).
+
+    Wrong answers it recognises, each told by its own hint: one message's alpha = n / beta ("W times too small");
+    bytes per link taken as twice the payload ("too small for few"); 2W ring steps ("count the ring steps
+    again"); one pass's latency ("both pay the latency"); one pass's bytes ("both passes ... move"); bits for
+    bytes ("counts gigabits per second"); microseconds as milliseconds ("latency_us is in microseconds"); a
+    hard-coded number, right at 8 ranks only ("for every case"); a hard-coded latency or bandwidth, right on the
+    cases that use it only ("but not on"). Anything else gets the general hint ("write both terms for n bytes and
+    set them equal").
+    """
     return check_function(
         "latency_bound_bytes",
         attempt,
@@ -204,6 +227,15 @@ def _verify_allreduce_seconds(fn) -> str | None:
     for hint, slip in _time_slips():
         if matches(slip):
             return hint
+    if len(set(got)) == 1:
+        return (
+            f"your function returns {got[0]:.6g} s for every world size, latency, bandwidth and payload: compute the "
+            "time from its four arguments."
+        )
+    if matches(lambda w, a, b, n: 2 * (w - 1) * a * 1e-6):
+        return "that is the latency term alone: the payload takes time too, its bytes over each link at beta."
+    if matches(lambda w, a, b, n: 2 * (w - 1) / w * n * 8 / (b * 1e9)):
+        return "that is the bandwidth term alone: each of the ring's steps also pays the latency alpha."
     w, a, b, n = _TIME_CASES[-4]
     return (
         f"allreduce_seconds({w}, {a}, {b}, {n:g}) returned {float(fn(w, a, b, n)):.6g} s, the lab's model "
@@ -212,7 +244,15 @@ def _verify_allreduce_seconds(fn) -> str | None:
 
 
 def check_allreduce_seconds(attempt) -> Outcome:
-    """``allreduce_seconds(world_size, latency_us, bandwidth_gbps, payload_bytes)`` against the alpha-beta model."""
+    """``allreduce_seconds(world_size, latency_us, bandwidth_gbps, payload_bytes)`` against the alpha-beta model.
+
+    Wrong answers it recognises, each told by its own hint: a reduce-scatter alone, which has part a's right n*
+    ("a reduce-scatter alone"); one message ("that is one message"); the whole payload at every ring step ("each
+    ring step moves one chunk"); the latency paid once ("the latency is paid once"); bits for bytes ("counts
+    bits"); microseconds for seconds ("latency_us is in microseconds"); a hard-coded number ("for every world
+    size"); the latency term alone ("the latency term alone"); the bandwidth term alone ("the bandwidth term
+    alone"). Anything else gets the general hint ("write the latency term and the bandwidth term").
+    """
     return check_function(
         "allreduce_seconds",
         attempt,
@@ -257,16 +297,41 @@ def nearest_choice(world_size: int | None) -> str:
 
 
 def check_crossing_prediction(prediction: Any, shapes: Sequence[tuple[int, ...]]) -> Outcome:
-    """Prediction "a"-"d": from how many ranks on top-k 1% (all-gathered) puts more bytes on a link than fp16."""
+    """Prediction "a"-"d": from how many ranks on top-k 1% (all-gathered) puts more bytes on a link than fp16.
+
+    A prediction with four choices has three wrong ones; each gets its own hint (none says the answer):
+
+    - "a", never: "grow with W";
+    - "b", about 10: the general hint, "Where is their ratio 1?";
+    - "d", about 1000: "a value and its index".
+
+    Malformed answers get a clear message instead: not a str (the world size itself, 50, say), or not one of the
+    four letters ("never", "C").
+    """
     crossing = crossing_world_size(shapes, ("topk", {"ratio": 0.01}), ("fp16", {}))
     answer = nearest_choice(crossing)
-    if prediction is not None and prediction not in CROSSING_CHOICES:
-        prediction = f"{prediction!r}, not one of {sorted(CROSSING_CHOICES)}"
+    general = (
+        "Write both per-link byte counts for N gradient elements: top-k sends 1% of them at 8 bytes each, "
+        "(W-1) times; fp16 sends 2 bytes each, 2(W-1)/W times. Where is their ratio 1?"
+    )
+    slips = [
+        (
+            "a",
+            "An all-gather's bytes over each link grow with W (every rank receives every other rank's part), an "
+            f"all-reduce's stay below twice the payload: can the first stay below the second for ever? {general}",
+        ),
+        (
+            "d",
+            f"Count every byte top-k sends per kept entry, a value and its index, against fp16's 2 bytes per "
+            f"element. {general}",
+        ),
+    ]
     return check_prediction(
         "crossing_prediction",
         prediction,
         answer,
-        "Write both per-link byte counts for N gradient elements: top-k sends 1% of them at 8 bytes each, "
-        "(W-1) times; fp16 sends 2 bytes each, 2(W-1)/W times. Where is their ratio 1?",
+        general,
         f"top-k's (W-1) x 0.08 N bytes exceed fp16's 2(W-1)/W x 2 N from W = {crossing} on: the ratio is W/50.",
+        slips=slips,
+        malformed=lambda attempt: _choice_problem(attempt, sorted(CROSSING_CHOICES)),
     )

@@ -105,34 +105,81 @@ def sign_state(process_group: Any) -> dict:
 # -- checks -----------------------------------------------------------------------------------------
 
 
+#: (shape, k, seed) of the inputs the top-k check tries: the lab's flat buckets, another k, and a matrix.
+_TOPK_CASES = (((1000,), 25, 7), ((1000,), 7, 8), ((40, 25), 12, 9))
+
+
 def _verify_topk(fn) -> str | None:
-    x = torch.randn(1000, generator=torch.Generator().manual_seed(7))
-    values, indices = fn(x, 25)
-    if len(values) != 25 or len(indices) != 25:
-        return f"expected 25 values and 25 indices, got {len(values)} and {len(indices)}."
-    if not torch.equal(x[indices.long()], values):
-        return "values[i] must equal x[indices[i]]: send the signed value, not its magnitude."
-    rest = torch.ones_like(x, dtype=torch.bool)
-    rest[indices.long()] = False
-    if not bool(x[indices.long()].abs().min() > x[rest].abs().max()):
-        return "a dropped entry is larger in magnitude than a kept one: rank the entries by x.abs(), not by x."
+    for shape, k, seed in _TOPK_CASES:
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+        problem = _topk_problem(x, k, *fn(x.clone(), k))
+        if problem:
+            return problem
     return None
 
 
+def _topk_problem(x: torch.Tensor, k: int, values, indices) -> str | None:
+    call = f"topk(x, {k}) on x of shape {tuple(x.shape)}"
+    values, indices = torch.as_tensor(values), torch.as_tensor(indices)
+    if x.dim() > 1 and (values.dim() > 1 or indices.dim() > 1):
+        return (
+            f"{call} returned values of shape {tuple(values.shape)}: Tensor.topk works along the last dimension, "
+            "k per row. Flatten x first (x.reshape(-1)); the indices are positions in the flattened tensor."
+        )
+    if len(values) != k or len(indices) != k:
+        fixed = " Use the k argument, not a fixed number." if len(values) == len(indices) == 25 else ""
+        return f"{call}: expected {k} values and {k} indices, got {len(values)} and {len(indices)}.{fixed}"
+    flat = x.reshape(-1)
+    kept = indices.long()
+    if not torch.equal(flat[kept], values):
+        if torch.equal(flat[kept].abs(), values):
+            return "values[i] must equal x[indices[i]]: send the signed value, not its magnitude."
+        return f"{call}: values[i] must equal x.reshape(-1)[indices[i]], the entry at that position, signed."
+    rest = torch.ones_like(flat, dtype=torch.bool)
+    rest[kept] = False
+    if bool(flat[kept].abs().min() > flat[rest].abs().max()):
+        return None
+    if torch.equal(kept.sort().values, torch.arange(k)):
+        return f"{call}: you kept the first {k} entries; choose the k entries by their magnitude."
+    if bool(flat[kept].abs().max() <= flat[rest].abs().min()):
+        return (
+            f"{call}: you kept the {k} smallest magnitudes. Keep the largest: sort in descending order, or use "
+            "Tensor.topk's default (largest=True)."
+        )
+    return "a dropped entry is larger in magnitude than a kept one: rank the entries by x.abs(), not by x."
+
+
 def check_topk(attempt) -> Outcome:
-    """``topk(x, k) -> (values, indices)`` keeps exactly the k largest magnitudes."""
+    """``topk(x, k) -> (values, indices)`` keeps exactly the k largest magnitudes, on a vector with k = 25 and
+    k = 7 and on a matrix (flattened, as the exercise says).
+
+    Wrong answers it recognises, each told by its own hint: ranked by signed value ("rank the entries by x.abs()");
+    the magnitudes sent instead of the values ("signed value"); the smallest magnitudes ("smallest magnitudes");
+    the first k entries, a hard-coded slice ("first"); a hard-coded k = 25, right on the first case only ("Use the
+    k argument"); another count ("expected"); k per row of a matrix, right on vectors only ("Flatten x first");
+    values that are not the entries at the indices ("the entry at that position").
+    """
     return check_function("topk", attempt, _verify_topk, "25 values at their indices, the 25 largest magnitudes.")
 
 
-def _compare_runs(attempt, ref, state_factory, steps: int, cluster, what: str, **changes: Any) -> str | None:
+def _compare_runs(
+    attempt, ref, state_factory, steps: int, cluster, what: str, more: str = "", fewer: str = "", **changes: Any
+) -> str | None:
     a, b = run_beside_reference(attempt, ref, state_factory, steps, cluster, **changes)
     if (a["rank_spread"] != 0).any():
         return "the ranks disagree after your hook: every rank must decode the same payloads the same way."
     if (a["payload_bytes"] != b["payload_bytes"]).any():
-        return (
-            f"your hook sends {int(a['payload_bytes'].iloc[-1])} B per step, the design sends "
-            f"{int(b['payload_bytes'].iloc[-1])} B: check the dtypes and sizes you all-gather."
+        mine, design = int(a["payload_bytes"].iloc[-1]), int(b["payload_bytes"].iloc[-1])
+        said = (
+            f"your hook sends {mine} B per step, the design sends {design} B: check the dtypes and sizes you "
+            "all-gather."
         )
+        if "uncompressed_bytes" in a and (a["payload_bytes"] == a["uncompressed_bytes"]).all():
+            return (
+                f"{said} Yours sends the whole float32 bucket, as a plain all-reduce does: all-gather only what the "
+                "compressor keeps."
+            )
+        return f"{said} {more if mine > design else fewer}".rstrip()
     differs = (a["rel_error"] - b["rel_error"]).abs() > 1e-5 * b["rel_error"].abs().clip(lower=1e-3)
     if differs.any():
         step = int(a["step"][differs].iloc[0])
@@ -148,12 +195,22 @@ def _compare_runs(attempt, ref, state_factory, steps: int, cluster, what: str, *
     return None
 
 
+_TOPK_BYTES = {
+    "more": "Yours sends more: the values in float32 and the indices in int64, k of each, nothing else.",
+    "fewer": "Yours sends less: the design's indices are int64 (what Tensor.topk returns), its values float32.",
+}
+_SIGN_BYTES = {
+    "more": "Yours sends more: one int8 sign per entry and one float32 scale per rank, nothing else.",
+    "fewer": "Yours sends less: every rank needs the other ranks' scales as well as their signs.",
+}
+
+
 def _compare_both_switches(fn, cluster, steps: int) -> str | None:
     """With error feedback (the default state), then without: a hook that ignores the switch fails the second."""
-    problem = _compare_runs(fn, topk_ef_hook, topk_state, steps, cluster, "top-k of gradient + residual")
+    problem = _compare_runs(fn, topk_ef_hook, topk_state, steps, cluster, "top-k of gradient + residual", **_TOPK_BYTES)
     if problem is None:
         problem = _compare_runs(
-            fn, topk_ef_hook, topk_state, steps, cluster, "top-k of the gradient alone",
+            fn, topk_ef_hook, topk_state, steps, cluster, "top-k of the gradient alone", **_TOPK_BYTES,
             state_options={"error_feedback": False},
         )  # fmt: skip
         if problem is not None:
@@ -162,7 +219,13 @@ def _compare_both_switches(fn, cluster, steps: int) -> str | None:
 
 
 def check_topk_ef_hook(attempt, cluster=None, steps: int = 6) -> Outcome:
-    """Run your hook and the reference on the same data, error feedback on and off: same bytes, same error."""
+    """Run your hook and the reference on the same data, error feedback on and off: same bytes, same error.
+
+    Wrong answers it recognises, each told by its own hint: the residual never kept ("look at the residual");
+    state["error_feedback"] ignored ("with error_feedback=False"); no all-gather, each rank decoding its own
+    ("the ranks disagree"); the dense bucket all-reduced ("the whole float32 bucket"); int32 indices ("Yours
+    sends less"); extra payload ("Yours sends more"); a wrong decode, not dividing by W say ("already at step 0").
+    """
     return check_function(
         "topk_ef_hook",
         attempt,
@@ -173,10 +236,16 @@ def check_topk_ef_hook(attempt, cluster=None, steps: int = 6) -> Outcome:
 
 
 def check_sign_ef_hook(attempt, cluster=None, steps: int = 6) -> Outcome:
+    """Run your EF-SignSGD hook and the reference on the same data: same bytes, same error, the ranks agreeing.
+
+    Wrong answers it recognises, each told by its own hint: the mean of the scales times the mean of the signs
+    ("already at step 0"); the residual never kept ("look at the residual"); each rank decoding its own signs
+    ("the ranks disagree"); signs sent as float32 ("Yours sends more"); the scales not sent ("Yours sends less").
+    """
     return check_function(
         "sign_ef_hook",
         attempt,
-        lambda fn: _compare_runs(fn, sign_ef_hook, sign_state, steps, cluster, "mean|c| x sign(c)"),
+        lambda fn: _compare_runs(fn, sign_ef_hook, sign_state, steps, cluster, "mean|c| x sign(c)", **_SIGN_BYTES),
         f"Same bytes and the same error as the reference at every one of {steps} steps; the ranks agree.",
     )
 
@@ -202,7 +271,15 @@ _EF_HINTS = {
 
 
 def check_ef_prediction(prediction: Any, with_ef, without_ef) -> Outcome:
-    """A prediction {"rel_error": "higher"|"lower", "cumulative_rel_error": ...}: with error feedback vs without."""
+    """A prediction {"rel_error": "higher"|"lower", "cumulative_rel_error": ...}: with error feedback vs without.
+
+    Two metrics of two choices each: three wrong combinations, each told by its own hint (none says the answer):
+    rel_error wrong ("error feedback makes everything more accurate": "not yet for rel_error"), cumulative_rel_error
+    wrong ("not yet for cumulative_rel_error"), both wrong ("not yet for both metrics").
+
+    Malformed answers get a clear message instead: not a dict with the two keys ("a dict with the keys"), a value
+    other than the two strings ("'higher' or 'lower'": "up", True).
+    """
     answer = _ef_answer(with_ef, without_ef)
     name = "ef_prediction"
     if prediction is None:
@@ -228,6 +305,9 @@ def check_ef_prediction(prediction: Any, with_ef, without_ef) -> Outcome:
         got = prediction[bad[0]]
         return _say(Outcome(WRONG, f"✗ {name}: {bad[0]} must be 'higher' or 'lower', got {got!r}.", answer))
     wrong = [m for m in EF_METRICS if prediction[m] != answer[m]]
+    if len(wrong) == len(EF_METRICS):
+        hints = " Then: ".join(_EF_HINTS[m] for m in EF_METRICS)
+        return _say(Outcome(WRONG, f"✗ {name}: not yet for both metrics. {hints}", answer))
     if wrong:
         return _say(Outcome(WRONG, f"✗ {name}: not yet for {wrong[0]}. {_EF_HINTS[wrong[0]]}", answer))
     return _say(
@@ -381,7 +461,17 @@ def _noise_problem(first: list[dict], second: list[dict]) -> str | None:
 
 def check_rounding_generator(attempt, cluster=None) -> Outcome:
     """``rounding_generator(seed, rank, step, bucket_index)``, called on two ranks in two runs: noise independent
-    per rank, new every step and bucket, the same in every run."""
+    per rank, new every step and bucket, the same in every run.
+
+    Wrong answers it recognises, each told by its own hint: the script's seed alone ("Mix the rank into the
+    seed"); an unseeded torch.Generator() ("unseeded torch.Generator()"); None, torch.default_generator or a
+    reseeded global generator ("torch's global generator"); the OS's entropy, the clock or a salted str hash
+    ("two runs with the same seed drew different noise", "salts anew"); no step ("Mix the step into the seed");
+    no bucket index ("Mix the bucket index into the seed"); the seed left out ("seed 1 drew the same noise as
+    seed 0"); numbers added up, or packed in decimal digits that collide at bucket 10 ("your seed gives both the
+    same number"); one generator kept between calls ("A resumed run asks for step 10 first"); a side effect on the
+    global generator ("changes torch's global generator"); not a generator ("return a torch.Generator").
+    """
 
     def verify(fn) -> str | None:
         from ..launcher import launch
