@@ -152,21 +152,22 @@ def test_every_link_to_a_heading_finds_it_as_jupyterlab_names_it():
     import nbformat
 
     def anchors(path):
-        if path.suffix != ".ipynb":
-            return set()
-        cells = nbformat.read(path, as_version=4).cells
-        text = "\n".join(c.source for c in cells if c.cell_type == "markdown")
+        if path.suffix == ".ipynb":
+            cells = nbformat.read(path, as_version=4).cells
+            text = "\n".join(c.source for c in cells if c.cell_type == "markdown")
+        else:
+            text = path.read_text(encoding="utf-8")
+        ids = set(re.findall(r'<a id="([^"]+)"', text))  # the glossary's explicit anchors
         headings = re.findall(r"^#{1,6} (.+)$", text, re.M)
-        return {"-".join(h.replace("`", "").split()) for h in headings}  # shown as text: no code marks
+        return ids | {"-".join(h.replace("`", "").split()) for h in headings}  # shown as text: no code marks
 
-    sources = [*NOTEBOOKS, NOTEBOOKS[0].parent / "GLOSSARY.md", NOTEBOOKS[0].parents[1] / "README.md"]
+    root = NOTEBOOKS[0].parents[1]
+    sources = [*NOTEBOOKS, root / "notebooks" / "GLOSSARY.md", root / "README.md", *root.glob("docs/**/*.md")]
     broken = []
     for path in sources:
         text = path.read_text(encoding="utf-8")
-        for target, anchor in re.findall(r"\]\(([\w./-]*\.ipynb)?#([^)\s\"\\]+)\)", text):
-            if path.suffix != ".ipynb" and not target:
-                continue  # a markdown file's own anchors: the site's build checks those
-            linked = path.parent / target if target else path
-            if linked.suffix == ".ipynb" and anchor not in anchors(linked):
+        for target, anchor in re.findall(r"\]\(([\w./-]*\.(?:ipynb|md))?#([^)\s\"\\]+)\)", text):
+            linked = (path.parent / target).resolve() if target else path
+            if anchor not in anchors(linked):
                 broken.append(f"{path.name} -> {target or '(itself)'}#{anchor}")
     assert broken == []
