@@ -5,10 +5,11 @@ without AVX2 runs, which was the lab's only one before: ATen's plain kernels, on
 native numerics and those settings), and ``native``. Every variant runs in fresh interpreters (the numerics of a
 process tree are fixed when it imports the lab), interleaved portable, pre-avx2, native, portable, ... so machine
 noise hits all alike. Step time is the median
-``step_time_s`` of a warm 2-rank run (forward, backward with the hook, optimizer step); ``--notebooks`` also
+``step_time_s`` of steps 10-119 of a warm 2-rank run (forward, backward with the hook, optimizer step; a
+millisecond step on two shared cores needs that many for a median that repeats); ``--notebooks`` also
 executes every notebook once per variant in a clean kernel.
 
-    python bench/numerics.py [--repeats 3] [--notebooks]
+    python bench/numerics.py [--repeats 5] [--notebooks]
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ CASES = {
 STEP_CODE = """
 import statistics, commhooks_lab as lab
 lab.run(steps=3, {case})  # start the session's ranks, warm the caches
-r = lab.run(steps=40, {case})
-print(statistics.median(r.steps["step_time_s"].iloc[5:]))
+r = lab.run(steps=120, {case})
+print(statistics.median(r.steps["step_time_s"].iloc[10:]))
 """
 
 
@@ -86,7 +87,7 @@ def row(name: str, times: dict[str, list[float]], unit: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--notebooks", action="store_true", help="also time every notebook (minutes)")
     args = parser.parse_args()
     names = " ".join(f"{v:>10}" for v in VARIANTS)
@@ -99,7 +100,7 @@ def main() -> int:
         print(row(f"step time, {case}", times, "ms"), flush=True)
     if args.notebooks:
         runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
-        for _ in range(max(1, args.repeats // 3)):
+        for _ in range(max(1, args.repeats // 5)):
             for mode in runs:
                 runs[mode].append(notebook_times(mode))
         for name in runs["portable"][0]:
