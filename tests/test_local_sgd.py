@@ -46,9 +46,53 @@ def test_diloco_reports_the_outer_update_error_and_compression_halves_its_bytes(
     assert (half["outer_rel_error"].dropna().between(1e-5, 2**-7)).all()  # bf16: u = 2^-8, two roundings
 
 
+def test_diloco_without_measuring_trains_the_same_and_reports_no_outer_error(runs, cluster):
+    measured = runs.by_name("diloco H=4").steps
+    run = lab.run(hook="diloco[sync_every=4]", steps=STEPS, measure=False, cluster=cluster).steps
+    assert run["loss"].tolist() == measured["loss"].tolist()  # the reference never touches the parameters
+    assert run["payload_bytes"].tolist() == measured["payload_bytes"].tolist()
+    synced = run["synced"].astype(bool)
+    assert run.loc[synced, "outer_rel_error"].isna().all() and measured.loc[synced, "outer_rel_error"].notna().all()
+
+
+@pytest.mark.parametrize("measure", [False, True])
+def test_a_diloco_sync_sends_its_float64_reference_only_when_the_run_measures(monkeypatch, measure):
+    """In one process, with the collectives recorded: measure=False, one float32 all-reduce per sync (the
+    reference's float64 all-reduce doubled a sync's traffic inside the timed step); measure=True adds it."""
+    import contextlib
+    import types
+
+    import torch.distributed as dist
+
+    from commhooks_lab.hooks.local_sgd import DiLoCo
+    from commhooks_lab.measure.probe import Probe
+
+    sent = []
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, *args, **kwargs: sent.append(tensor.dtype))
+    monkeypatch.setattr(dist, "get_world_size", lambda *args, **kwargs: 1)
+    probe = object.__new__(Probe)  # only what count_into hands the sync: its bound _uncounted
+    probe.measure_enabled, probe.counter = measure, types.SimpleNamespace(active=True)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    diloco = DiLoCo(model, optimizer, {"sync_every": 2, "outer_lr": 0.7, "outer_momentum": 0.9, "compress": "none"})
+    assert diloco.after_step(0, probe._uncounted) == {"synced": False} and sent == []
+    with torch.no_grad():
+        model.weight.add_(0.5)  # an inner step's worth of movement
+    extra = diloco.after_step(1, probe._uncounted)
+    assert sent == ([torch.float64, torch.float32] if measure else [torch.float32])
+    assert extra["synced"]
+    if measure:
+        assert extra["outer_rel_error"] == 0.0  # one rank: the float32 mean is the exact one
+    else:
+        assert extra["outer_rel_error"] != extra["outer_rel_error"]  # NaN: not measured
+    sent.clear()
+    diloco.after_step(3, contextlib.nullcontext)  # outside a probe (torchft_parity): it measures
+    assert sent == [torch.float64, torch.float32]
+
+
 @pytest.mark.parametrize("compress, rule", [("topk", ("topk", {"ratio": 0.01})), ("int8", ("int8", {}))])
 def test_diloco_through_the_lab_compressors_sends_what_their_byte_rules_say(cluster, compress, rule):
-    run = lab.run(hook=f"diloco[sync_every=4,compress={compress}]", steps=STEPS, measure=False, cluster=cluster)
+    run = lab.run(hook=f"diloco[sync_every=4,compress={compress}]", steps=STEPS, cluster=cluster)
     shapes = lab.network.parameter_shapes(lab.models.build_task("mlp", 0).model)
     per_sync = lab.network.payload(lab.network.rule_traffic(shapes, rule[0], **rule[1]))
     synced = run.steps[run.steps["synced"].astype(bool)]
@@ -152,7 +196,9 @@ def test_the_outer_step_exercise_on_its_three_paths():
     def stub(global_params, local_params, buffers, lr=0.7, momentum=0.9):
         raise NotImplementedError
 
-    assert ex.check_outer_step(stub).status == NOT_ATTEMPTED
+    untried = ex.check_outer_step(stub)
+    assert untried.status == NOT_ATTEMPTED and "Nothing later in the notebook depends on it" in untried.message
+    assert "The rest of the notebook uses the reference" not in untried.message  # nothing later uses outer_step
     for slip, hint in [
         (ex._variant(ex._averaged_parameters), "local SGD's step"),
         (ex._variant(ex._wrong_sign), "moves away from the ranks"),

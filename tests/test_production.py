@@ -39,7 +39,8 @@ def test_the_timeline_exercise_on_its_three_paths(timeline, capsys):
     def stub(buckets):
         raise NotImplementedError
 
-    assert exercise.check_hidden_share(stub, timeline).status == NOT_ATTEMPTED
+    untried = exercise.check_hidden_share(stub, timeline)
+    assert untried.status == NOT_ATTEMPTED and "Nothing later in the notebook depends on it" in untried.message
 
     def without_hook_calls(buckets):  # plausible and wrong: autograd computes all the way to the last ready
         end = max(r for r, _, _ in buckets)

@@ -20,6 +20,8 @@ from typing import Any
 __all__ = ["check_function", "check_prediction", "is_stub", "Outcome", "reference", "reveal", "run_beside_reference"]
 
 NOT_ATTEMPTED, WRONG, RIGHT = "not attempted", "wrong", "right"
+#: ``check_function(later=...)`` for an exercise whose answer nothing later in its notebook uses.
+NOTHING_LATER = "Nothing later in the notebook depends on it."
 
 
 @dataclass
@@ -87,29 +89,35 @@ def _say(outcome: Outcome) -> Outcome:
     return outcome
 
 
-def _not_attempted(name: str, what: str = "the reference solution") -> Outcome:
+def _not_attempted(name: str, what: str = "the reference solution", later: str | None = None) -> Outcome:
+    """``later``: what the rest of the notebook does without an answer, when it is not "uses the reference"."""
+    stuck = f"run it and this cell again (stuck? lab.exercises.reveal({name!r}))."
+    if later is not None:
+        return Outcome(NOT_ATTEMPTED, f"· {name}: not attempted yet. {later} Write yours in the cell above and {stuck}")
     return Outcome(
         NOT_ATTEMPTED,
-        f"· {name}: not attempted yet. The rest of the notebook uses {what}; write yours in the cell above and "
-        f"run it and this cell again (stuck? lab.exercises.reveal({name!r})).",
+        f"· {name}: not attempted yet. The rest of the notebook uses {what}; write yours in the cell above and {stuck}",
     )
 
 
-def check_function(name: str, attempt: Any, verify: Callable[[Callable], str | None], passed: str) -> Outcome:
+def check_function(
+    name: str, attempt: Any, verify: Callable[[Callable], str | None], passed: str, later: str | None = None
+) -> Outcome:
     """Check a function the learner wrote. ``verify(fn)`` returns None if right, else a hint.
 
     The outcome's ``value`` is the learner's function if right, else the reference, so the
     notebook carries on either way. An exception from the learner's code is a wrong attempt.
+    ``later``: say this instead of "the rest of the notebook uses the reference" (nothing later uses it).
     """
     ref = _REFERENCES[name]
     if is_stub(attempt):
-        outcome = _not_attempted(name)
+        outcome = _not_attempted(name, later=later)
         outcome.value = ref
         return _say(outcome)
     try:
         problem = verify(attempt)
     except NotImplementedError:
-        outcome = _not_attempted(name)
+        outcome = _not_attempted(name, later=later)
         outcome.value = ref
         return _say(outcome)
     except Exception as exc:  # the learner's code raised: say what, where to look
@@ -119,8 +127,12 @@ def check_function(name: str, attempt: Any, verify: Callable[[Callable], str | N
         return _say(
             Outcome(
                 WRONG,
-                f"✗ {name}: not yet. {problem} (The rest of the notebook uses the reference "
-                f"solution until this check passes.)",
+                f"✗ {name}: not yet. {problem} "
+                + (
+                    f"({later})"
+                    if later is not None
+                    else "(The rest of the notebook uses the reference solution until this check passes.)"
+                ),
                 ref,
             )
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import Outcome, check_function, reference
+from . import NOTHING_LATER, Outcome, check_function, reference
 
 __all__ = ["check_outer_step", "outer_step"]
 
@@ -167,4 +167,5 @@ def check_outer_step(attempt: Any) -> Outcome:
         _verify,
         "Three outer steps on three ranks' pseudo-gradients, as torch.optim.SGD(nesterov=True) would take them, "
         "with two settings of lr and momentum.",
+        later=NOTHING_LATER,
     )

@@ -12,18 +12,20 @@ gradient (DDP's hook sends nothing) and synchronise every ``H = sync_every`` opt
 - ``diloco``: H inner optimizer steps, then the *pseudo-gradient* Δ = θ_global − θ_local is
   averaged over ranks (in float32, or cast to 16 bits first: ``compress``) and an outer SGD step with
   Nesterov momentum moves θ_global by it (Douillard et al., arXiv 2311.08105; ``torchft/local_sgd.py``); the outer
-  update can also go through the lab's int8 codes or top-k 1% with error feedback (``compress="int8"|"topk"``,
-  all-gathered, as INTELLECT-1 and SparseLoCo compress theirs).
+  update can also go through the lab's int8 codes (INTELLECT-1 quantises to int8 but all-reduces) or top-k 1% with
+  error feedback (as SparseLoCo), ``compress="int8"|"topk"``, both all-gathered here.
 
 The record's ``after_step`` is built in each rank as ``after_step(model, optimizer, options)``; its
 ``after_step(step, uncounted)`` runs after each optimizer step, and the engine counts the bytes of its
 collectives into that step's row (``uncounted()`` hides a reference computation), so bytes mean the same as for
-every other hook.
+every other hook. DiLoCo's reference (the float64 mean behind ``outer_rel_error``) runs only when the run measures:
+with ``measure=False`` its column is NaN and a sync sends the method's bytes alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 from .registry import HOOK, HookEntry, register
@@ -67,6 +69,15 @@ class LocalSGD:
         return {"synced": True}
 
 
+def _measuring(uncounted: Any) -> bool:
+    """Whether this run measures errors: ``uncounted`` is its probe's ``_uncounted`` (``Probe.count_into``).
+
+    With ``measure=False`` the probe measures nothing, so DiLoCo skips the float64 reference too: its all-reduce
+    would double a sync's traffic inside the timed step. Called outside a probe (``nullcontext``), it measures.
+    """
+    return bool(getattr(getattr(uncounted, "__self__", None), "measure_enabled", True))
+
+
 def _unflatten_into(params: list, flat: Any) -> None:
     at = 0
     for p in params:
@@ -105,10 +116,12 @@ class DiLoCo:
         world = dist.get_world_size()
         with torch.no_grad():
             delta = torch.cat([(g - p).reshape(-1) for g, p in zip(self.global_params, self.params)])
-            exact = delta.double()
-            with uncounted():  # the exact mean, for the error column only: not part of the method's bytes
-                dist.all_reduce(exact)
-            exact /= world
+            exact = None
+            if _measuring(uncounted):  # the exact mean, for the error column only: not part of the method's bytes
+                exact = delta.double()
+                with uncounted():
+                    dist.all_reduce(exact)
+                exact /= world
             if self.compressed is None:
                 sent = delta.to(self.dtype).div_(world)  # as the 16-bit hooks do: cast, divide, sum
                 dist.all_reduce(sent)
@@ -120,7 +133,9 @@ class DiLoCo:
                 pieces = [d.view_as(p) for d, p in zip(split, self.params)]  # shaped: int8 codes per row
                 average_compressed(self.compressed, pieces, self.params)  # writes the means into delta
                 mean = delta
-            error = float((mean.double() - exact).norm() / exact.norm()) if exact.norm() > 0 else 0.0
+            error = math.nan  # not measured: a run with measure=False sends and times the method's bytes only
+            if exact is not None:
+                error = float((mean.double() - exact).norm() / exact.norm()) if exact.norm() > 0 else 0.0
             at = 0
             for g in self.global_params:
                 g.grad = mean[at : at + g.numel()].view_as(g).clone()
