@@ -6,8 +6,11 @@ A diagram, not a measurement. It states only what holds for DDP in general, at a
 ``DistributedDataParallel.register_comm_hook``'s docstring in ``torch/nn/parallel/distributed.py`` says:
 backward's gradients are gathered into buckets; once a bucket is ready DDP calls
 ``hook(state, bucket)``; the hook returns a ``Future[Tensor]`` holding the bucket's new value, which DDP
-copies into each parameter's ``.grad``. Without a hook, DDP averages the bucket with an all-reduce;
-PyTorch's ``allreduce_hook`` (``default_hooks.py``) divides by the world size and all-reduces.
+copies into each parameter's ``.grad``. DDP waits for every bucket's Future before backward returns
+(the reducer's ``finalize_backward``), so there is one optimizer step per training step, not one per
+bucket. A bucket holds one or more parameters' gradients (a parameter larger than the cap gets a bucket
+of its own). Without a hook, DDP averages the bucket with an all-reduce; PyTorch's ``allreduce_hook``
+(``default_hooks.py``) divides by the world size and all-reduces.
 The picture is checked with the notebooks' own figure-layout check before it is written.
 """
 
@@ -47,7 +50,7 @@ def arrow(ax, start, end, **style):
 
 
 def bucket(ax, x, y):
-    """A bucket: one flat tensor holding several parameters' gradients end to end."""
+    """A bucket: one flat tensor holding one or more parameters' gradients end to end (three drawn)."""
     ax.add_patch(Rectangle((x, y), 2.0, 0.62, fc="white", ec="0.25", lw=1.1))
     for i, width in enumerate((0.55, 0.35, 0.7)):
         left = x + 0.1 + sum((0.55, 0.35, 0.7)[:i]) + 0.05 * i
@@ -86,7 +89,7 @@ def draw():
         ax.text(
             2.05,
             y - 0.25,
-            "a bucket: gradients of several\nparameters, one flat tensor",
+            "a bucket: gradients of one\nor more parameters,\none flat tensor",
             ha="center",
             va="top",
             fontsize=9,
@@ -99,7 +102,7 @@ def draw():
         arrow(ax, (11.0, y + 0.31), (11.65, y + 0.31))
         box(ax, 11.7, y - 0.05, 1.55, 0.72, "copied into\neach param.grad", size=10)
         arrow(ax, (13.3, y + 0.31), (13.85, y + 0.31))
-        box(ax, 13.9, y - 0.05, 1.35, 0.72, "optimizer\nstep", size=10)
+        box(ax, 13.9, y - 0.2, 1.38, 1.02, "optimizer step,\nafter every\nbucket's Future\nis done", size=9)
     collective = "a collective,\ne.g. all-reduce:\n\nevery rank\nsends its bucket,\nevery rank\ngets the sum"
     box(ax, 7.05, 0.85, 1.85, 3.0, collective, "#eef3e6", size=10)
     ax.text(
