@@ -36,8 +36,10 @@ def test_kwargs_not_attempted(capsys):
 @pytest.mark.parametrize(
     "attempt, says",
     [
-        (kwargs(matrix_approximation_rank=2), "first compressed step is step 1000"),  # the source document as is
-        (kwargs(matrix_approximation_rank=2, start_powerSGD_iter=4), "step 4"),  # off by one
+        (kwargs(matrix_approximation_rank=2), "compresses 0 of the run's 10 steps"),  # the source document as is
+        (kwargs(matrix_approximation_rank=2, start_powerSGD_iter=4), "compresses 6 of the run's 10 steps, 60%"),
+        (kwargs(matrix_approximation_rank=2, start_powerSGD_iter=2), "compresses 8 of the run's 10 steps, 80%"),
+        (kwargs(matrix_approximation_rank=2, start_powerSGD_iter=7), "compresses 3 of the run's 10 steps, 30%"),
         (kwargs(Hook.FP16, Hook.POWER_SGD, **RIGHT_OPTIONS), "swapped"),
         (kwargs("power_sgd", "fp16", **RIGHT_OPTIONS), "no hook is registered"),  # strings: silently ignored
         (kwargs(Hook.POWER_SGD, Hook.NO, **RIGHT_OPTIONS), "wraps PowerSGD"),

@@ -17,36 +17,37 @@ def fake_run(cumulative):
     return SimpleNamespace(steps=pd.DataFrame({"cumulative_rel_error": cumulative}))
 
 
-def test_ef_switch_prediction_on_its_three_paths():
-    both_on, without_ef = fake_run([0.8, 0.36]), fake_run([0.8, 0.78])
-    outcome = ex.check_ef_switch_prediction(None, both_on, without_ef)
+def test_warm_start_prediction_on_its_three_paths():
+    both_on, without_ws = fake_run([0.8, 0.45]), fake_run([0.8, 0.52])
+    outcome = ex.check_warm_start_prediction(None, both_on, without_ws)
     assert outcome.status == NOT_ATTEMPTED and outcome.value == "higher"
-    wrong = ex.check_ef_switch_prediction("lower", both_on, without_ef)  # plausible: "warm start carries it"
-    assert wrong.status == WRONG and "matrix rank 1 cannot represent" in wrong.message
-    assert "higher" not in wrong.message
-    assert ex.check_ef_switch_prediction("up", both_on, without_ef).status == WRONG
-    assert ex.check_ef_switch_prediction("higher", both_on, without_ef).status == RIGHT
-    assert ex.check_ef_switch_prediction("lower", without_ef, both_on).status == RIGHT  # follows the data
+    wrong = ex.check_warm_start_prediction("lower", both_on, without_ws)  # plausible: "error feedback makes up for it"
+    assert wrong.status == WRONG and "from fresh random numbers" in wrong.message
+    assert "higher" not in wrong.message and "0.52" not in wrong.message  # no answer, no measured end points
+    assert ex.check_warm_start_prediction("up", both_on, without_ws).status == WRONG
+    right = ex.check_warm_start_prediction("higher", both_on, without_ws)
+    assert right.status == RIGHT and "0.520 without warm start and 0.450" in right.message
+    assert ex.check_warm_start_prediction("lower", without_ws, both_on).status == RIGHT  # follows the data
 
 
 @pytest.mark.parametrize(
     "wrong, flipped, hint",
     [
-        ("lower", False, "matrix rank 1 cannot represent"),  # the one wrong choice in the notebook's run
+        ("lower", False, "from fresh random numbers"),  # the one wrong choice in the notebook's run
         ("higher", True, "in this run, how much did each step leave out"),  # the other, were the data the other way
         ("up", False, "'up' is not one of the choices"),
         ("Higher", False, "spelt exactly so"),
         (True, False, "not the bool True"),
-        (0.78, False, "not the float 0.78"),
+        (0.52, False, "not the float 0.52"),
     ],
 )
-def test_ef_switch_wrong_and_malformed_answers_get_their_own_message(wrong, flipped, hint):
-    both_on, without_ef = fake_run([0.8, 0.36]), fake_run([0.8, 0.78])
+def test_warm_start_wrong_and_malformed_answers_get_their_own_message(wrong, flipped, hint):
+    both_on, without_ws = fake_run([0.8, 0.45]), fake_run([0.8, 0.52])
     if flipped:
-        both_on, without_ef = without_ef, both_on
-    outcome = ex.check_ef_switch_prediction(wrong, both_on, without_ef)
+        both_on, without_ws = without_ws, both_on
+    outcome = ex.check_warm_start_prediction(wrong, both_on, without_ws)
     assert outcome.status == WRONG and hint in outcome.message, outcome.message
-    assert "dropped for good" not in outcome.message
+    assert "whatever Q" not in outcome.message
 
 
 def test_reference_answer_from_the_byte_rules():

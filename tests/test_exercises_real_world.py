@@ -110,7 +110,7 @@ def test_the_bytes_prediction_is_judged_on_the_steps_after_the_resume():
     [
         ("same", ([9, 9, 1, 1, 1], [9, 9, 9, 1, 1]), "what does PowerSGD do before start_powerSGD_iter"),
         ("fewer", ([9, 9, 1, 1, 1], [9, 9, 9, 1, 1]), "its own counter"),
-        ("more", ([9, 9, 1, 1, 1], [9, 9, 1, 1, 1]), "which of them has passed"),  # were nothing lost
+        ("more", ([9, 9, 1, 1, 1], [9, 9, 1, 1, 1]), "where state.iter stands"),  # were nothing lost
         ("More", ([9, 9, 1, 1, 1], [9, 9, 9, 1, 1]), "spelt exactly so"),
         ("higher", ([9, 9, 1, 1, 1], [9, 9, 9, 1, 1]), "'higher' is not one of the choices"),
         (1, ([9, 9, 1, 1, 1], [9, 9, 9, 1, 1]), "not the int 1"),

@@ -95,3 +95,25 @@ def test_the_fix_sends_the_hooks_16bit_values_only_when_w_is_a_power_of_two(worl
             assert differ.any()
         else:
             assert not (differ & (hook.abs() >= torch.finfo(dtype).tiny)).any()
+
+
+def _flat_against_per_parameter(ctx):
+    """All-reduce the 64-32-10 MLP's gradient shapes once as one flat bucket (eager DDP) and once per parameter
+    (DDP under compiled autograd); return how many elements differ."""
+    import torch.distributed as dist
+
+    generator = torch.Generator().manual_seed(ctx.rank)
+    grads = [torch.randn(shape, generator=generator) for shape in ((32, 64), (32,), (10, 32), (10,))]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    for g in grads:
+        dist.all_reduce(g)
+    return int((flat != torch.cat([g.flatten() for g in grads])).sum())
+
+
+def test_compiled_autograds_per_parameter_all_reduce_matches_one_bucket_only_at_two_ranks(three, cluster):
+    """Notebook 10: one all-reduce per gradient sums as one flat bucket does at W = 2 (a + b = b + a); at W = 3
+    gloo's order of summation depends on an element's place in the tensor, so some elements differ in the last bit."""
+    assert cluster.run(_flat_against_per_parameter) == [0, 0]
+    differ = three.run(_flat_against_per_parameter)
+    assert differ[0] > 0 and len(set(differ)) == 1

@@ -19,9 +19,12 @@ __all__ = [
     "combined_kwargs",
 ]
 
-#: The exercise: the guide's two Accelerate examples combined, compressing from this step on (steps count from 0).
+#: The exercise: the guide's two Accelerate examples combined, compressing the last COMPRESSED_SHARE of a
+#: RUN_STEPS-step run (steps count from 0).
 MATRIX_RANK = 2
-FIRST_COMPRESSED_STEP = 3
+RUN_STEPS = 10
+COMPRESSED_SHARE = 0.7
+FIRST_COMPRESSED_STEP = RUN_STEPS - round(COMPRESSED_SHARE * RUN_STEPS)
 #: A per-step rel_error ratio within this band of 1 counts as "about the same".
 SAME_WITHIN = 0.01
 CHOICES = ("lower", "about the same", "higher")
@@ -31,7 +34,7 @@ CHOICES = ("lower", "about the same", "higher")
 
 @reference("combined_kwargs")
 def combined_kwargs():
-    """PowerSGD of matrix rank 2 inside the FP16 wrapper, compressing from step 3 on."""
+    """PowerSGD of matrix rank 2 inside the FP16 wrapper, compressing the last 70% of a 10-step run."""
     from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
 
     return DistributedDataParallelKwargs(
@@ -79,10 +82,12 @@ def _verify_kwargs(fn) -> str | None:
         return f"PowerSGD's matrix rank should be {MATRIX_RANK}, as in the guide's comm_state_option example."
     start = options.get("start_powerSGD_iter", defaults["start_powerSGD_iter"])
     if start != FIRST_COMPRESSED_STEP:
+        compressed = min(max(RUN_STEPS - start, 0), RUN_STEPS)
         return (
             f"with start_powerSGD_iter={start} the first compressed step is step {start} (PowerSGD counts steps from "
-            f"0 and runs plain all-reduce while its counter is below start_powerSGD_iter); the exercise asks for "
-            f"step {FIRST_COMPRESSED_STEP}."
+            f"0 and runs plain all-reduce while its counter is below start_powerSGD_iter), so it compresses "
+            f"{compressed} of the run's {RUN_STEPS} steps, {compressed / RUN_STEPS:.0%}; the exercise asks for the "
+            f"last {COMPRESSED_SHARE:.0%}."
         )
     changed = sorted(
         k
@@ -98,7 +103,9 @@ def check_combined_kwargs(attempt) -> Outcome:
     """``combined_kwargs() -> DistributedDataParallelKwargs`` for the exercise's configuration.
 
     Wrong answers it recognises, each told by its own hint: the guide's example as is, start_powerSGD_iter left at
-    1000 ("first compressed step is step 1000"); start one step late ("step 4"); hook and wrapper swapped
+    1000 ("compresses 0 of"); any other start step, one too early, one too late, or the share of the run taken as
+    the first step ("compresses ... of the run's"), each told how many of the run's steps it compresses; hook and
+    wrapper swapped
     ("swapped"); plain strings, which Accelerate silently ignores ("no hook is registered"); the wrapper NO
     ("wraps PowerSGD"); BATCHED_POWER_SGD ("not the hook"); matrix rank left at 1 ("matrix rank should be 2");
     another default changed ("other defaults"); an argument PowerSGDState does not take ("PowerSGDState takes
@@ -108,8 +115,8 @@ def check_combined_kwargs(attempt) -> Outcome:
         "combined_kwargs",
         attempt,
         _verify_kwargs,
-        f"PowerSGD of matrix rank {MATRIX_RANK} inside the FP16 wrapper, compressing from step "
-        f"{FIRST_COMPRESSED_STEP} on.",
+        f"PowerSGD of matrix rank {MATRIX_RANK} inside the FP16 wrapper, compressing steps {FIRST_COMPRESSED_STEP} "
+        f"to {RUN_STEPS - 1}, the last {COMPRESSED_SHARE:.0%} of a {RUN_STEPS}-step run.",
     )
 
 

@@ -1,5 +1,5 @@
-"""Notebook 6's exercises, done with the dashboard: what error feedback keeps, and where PowerSGD's byte
-savings end."""
+"""Notebook 6's exercises, done with the dashboard: what warm start does to the summed error, and where
+PowerSGD's byte savings end."""
 
 from __future__ import annotations
 
@@ -10,41 +10,45 @@ from typing import Any
 
 from . import NOT_ATTEMPTED, RIGHT, WRONG, Outcome, _choice_problem, _say, check_prediction, reference
 
-__all__ = ["check_ef_switch_prediction", "check_half_bytes_rank", "half_bytes_rank", "uncompressed_from"]
+__all__ = ["check_warm_start_prediction", "check_half_bytes_rank", "half_bytes_rank", "uncompressed_from"]
 
 #: fp16's share of fp32's bytes: the line PowerSGD has to stay under to save more than fp16 does.
 FP16_SHARE = 0.5
 MIN_COMPRESSION_RATE = 2.0  # PowerSGDState's default, which the dashboard shows
 
 
-# -- exercise 1: error feedback off, warm start on -----------------------------------------------------------
+# -- exercise 1: warm start off, error feedback on -----------------------------------------------------------
 
 
-def check_ef_switch_prediction(prediction: Any, both_on, without_ef) -> Outcome:
-    """Prediction "higher" or "lower": cumulative_rel_error without error feedback, against both switches on.
+def check_warm_start_prediction(prediction: Any, both_on, without_warm_start) -> Outcome:
+    """Prediction "higher" or "lower": cumulative_rel_error without warm start, against both switches on.
 
-    A prediction with two choices has one wrong one; each gets its own hint (none says the answer):
+    A prediction with two choices has one wrong one; whichever way the measurement goes, the wrong choice gets its
+    own hint, and neither hint says the answer:
 
-    - "lower", where it is higher ("warm start carries what was dropped"): "matrix rank 1 cannot represent";
-    - "higher", where it is lower: "in this run".
+    - where the measurement went one way: "from fresh random numbers";
+    - where it went the other: "in this run".
 
     Malformed answers get a clear message instead: not a str, or a misspelt choice ("up", "Higher").
     """
-    worse = without_ef.steps["cumulative_rel_error"].iloc[-1] > both_on.steps["cumulative_rel_error"].iloc[-1]
+    mine = float(without_warm_start.steps["cumulative_rel_error"].iloc[-1])
+    kept = float(both_on.steps["cumulative_rel_error"].iloc[-1])
+    worse = mine > kept
     hint = (
-        "cumulative_rel_error compares the sums over steps. Where does the part of a gradient that matrix rank 1 "
-        "cannot represent go, with error feedback and without it?"
+        "cumulative_rel_error compares the sums over steps. Each step's single power iteration now starts from "
+        "fresh random numbers instead of last step's Q: what does that do to what each step misses, and what does "
+        "error feedback do with it?"
         if worse
         else "cumulative_rel_error compares the sums over steps: in this run, how much did each step leave out, "
-        "and did what was left out add up or cancel?"
+        "and did error feedback send it later?"
     )
     return check_prediction(
-        "ef_switch_prediction",
+        "warm_start_prediction",
         prediction,
         "higher" if worse else "lower",
         hint,
-        "Without error feedback what the rank-1 approximation misses is dropped for good, so the sum drifts; "
-        "without warm start it is re-sent later, so the sum stays close.",
+        f"In this run cumulative_rel_error ended at {mine:.3f} without warm start and {kept:.3f} with both switches "
+        "on. Error feedback still re-sends what each step misses, whatever Q the power iteration started from.",
         malformed=lambda attempt: _choice_problem(attempt, ("higher", "lower")),
     )
 
@@ -106,10 +110,10 @@ def check_half_bytes_rank(answer: Any, cluster=None, model: str = "mlp") -> Outc
     Wrong answers it recognises, each told by its own hint (the measured shares, never the answer):
 
     - too small, where one matrix goes uncompressed (5 for the mlp's 10 x 128): "goes uncompressed from";
-    - too small otherwise (17, one below): "look at larger matrix ranks";
+    - too small otherwise (one below the answer, say): "look at larger matrix ranks";
     - too large, where nothing is compressed any more (22 for the mlp's 128 x 64): "every matrix goes
       uncompressed";
-    - too large otherwise (19, one above): "look at smaller matrix ranks".
+    - too large otherwise (one above the answer, say): "look at smaller matrix ranks".
 
     Malformed answers get a clear message instead: not a whole number >= 1 ("18", 0, 2.5, True).
     """

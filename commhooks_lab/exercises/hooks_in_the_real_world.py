@@ -100,11 +100,14 @@ def bytes_answer(with_state, without_state, resumed_at: int) -> str:
 def check_bytes_prediction(prediction: Any, with_state, without_state, resumed_at: int) -> Outcome:
     """Prediction: after the resume, does the run without hook state send 'more', 'fewer' or the 'same' bytes?
 
-    A prediction with three choices has two wrong ones; each gets its own hint (none says the answer):
+    A prediction with three choices has two wrong ones; each choice has its own hint for when the measurement says
+    otherwise (none says the answer):
 
     - "same" ("a resume restores everything"): "what does PowerSGD do before start_powerSGD_iter";
     - "fewer": "its own counter";
-    - "more", where it is not: the general hint, "what a new PowerSGDState".
+    - "more": "where state.iter stands".
+
+    The general hint, "what a new PowerSGDState", is the fallback for any other wrong answer.
 
     Malformed answers get a clear message instead: not a str, or a misspelt choice ("More", "higher").
     """
@@ -115,6 +118,11 @@ def check_bytes_prediction(prediction: Any, with_state, without_state, resumed_a
             "what PowerSGD sends depends on its own counter, state.iter, not on the training step: where does that "
             "counter stand in a new PowerSGDState, and what does PowerSGD send while it is below "
             "start_powerSGD_iter?",
+        ),
+        (
+            "more",
+            "what PowerSGD sends after a resume depends on where state.iter stands against start_powerSGD_iter: "
+            "compare the saved PowerSGDState with a new one, and the bytes each run sent after the resume.",
         ),
     ]
     return check_prediction(
