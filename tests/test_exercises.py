@@ -137,10 +137,58 @@ def topk_hook_stub(state, bucket):
     raise NotImplementedError
 
 
+def stored_residual(state, bucket):
+    """The bucket's residual, joined from its parameters' (zeros the first time), as the reference keeps it."""
+    return torch.cat([state["residuals"].get(p, torch.zeros(p.numel())) for p in bucket.parameters()])
+
+
+def store_residual(state, bucket, residual):
+    params = bucket.parameters()
+    state["residuals"].update(zip(params, residual.split([p.numel() for p in params])))
+
+
+def topk_by_bucket_index(state, bucket):  # plausible and wrong: the first reference, wrong after DDP's rebuild
+    residuals, index = state["residuals"], bucket.index()
+    corrected = bucket.buffer() + residuals.get(index, 0)
+    return gathered_topk(state, bucket, corrected, lambda residual: residuals.update({index: residual}))
+
+
+def topk_one_residual(state, bucket):  # plausible and wrong: one residual for every bucket, every step
+    corrected = bucket.buffer() + state.get("residual", 0)
+    return gathered_topk(state, bucket, corrected, lambda residual: state.update(residual=residual))
+
+
+def topk_k_of_the_mlp(state, bucket):  # a hard-coded k: 1% of the MLP's 9,610 entries, right on one bucket only
+    corrected = bucket.buffer() + stored_residual(state, bucket)
+    return gathered_topk(state, bucket, corrected, lambda residual: store_residual(state, bucket, residual), k=96)
+
+
+def gathered_topk(state, bucket, corrected, keep, k=None):
+    """The reference's top-k, all-gather and decode, with the residual kept by ``keep``."""
+    world = dist.get_world_size()
+    grad = bucket.buffer()
+    values, indices = compressing_hooks.topk(corrected, k or max(1, int(state["ratio"] * grad.numel())))
+    sent = torch.zeros_like(corrected)
+    sent[indices] = values
+    if state.get("error_feedback", True):
+        keep(corrected - sent)
+    gathered_v = [torch.empty_like(values) for _ in range(world)]
+    gathered_i = [torch.empty_like(indices) for _ in range(world)]
+    dist.all_gather(gathered_v, values)
+    dist.all_gather(gathered_i, indices)
+    grad.zero_()
+    for v, i in zip(gathered_v, gathered_i):
+        grad.index_add_(0, i, v)
+    grad.div_(world)
+    future = torch.futures.Future()
+    future.set_result(grad)
+    return future
+
+
 def topk_hook_without_memory(state, bucket):  # plausible and wrong: forgets to update the residual
     world = dist.get_world_size()
     grad = bucket.buffer()
-    corrected = grad + state["residuals"].get(bucket.index(), 0)
+    corrected = grad + stored_residual(state, bucket)
     values, indices = compressing_hooks.topk(corrected, max(1, int(state["ratio"] * grad.numel())))
     gathered_v = [torch.empty_like(values) for _ in range(world)]
     gathered_i = [torch.empty_like(indices) for _ in range(world)]
@@ -158,10 +206,10 @@ def topk_hook_without_memory(state, bucket):  # plausible and wrong: forgets to 
 def sign_hook_mean_of_signs(state, bucket):  # plausible and wrong: mean(scale) x mean(sign)
     world = dist.get_world_size()
     grad = bucket.buffer()
-    corrected = grad + state["residuals"].get(bucket.index(), 0)
+    corrected = grad + stored_residual(state, bucket)
     scale = corrected.abs().mean().reshape(1)
     signs = torch.where(corrected >= 0, 1, -1).to(torch.int8)
-    state["residuals"][bucket.index()] = corrected - scale * signs
+    store_residual(state, bucket, corrected - scale * signs)
     gathered_signs = [torch.empty_like(signs) for _ in range(world)]
     gathered_scales = [torch.empty_like(scale) for _ in range(world)]
     dist.all_gather(gathered_signs, signs)
@@ -182,12 +230,12 @@ def topk_hook_variant(*, gather=True, dense=False, index_dtype=torch.int64, divi
     def hook(state, bucket):
         world = dist.get_world_size()
         grad = bucket.buffer()
-        corrected = grad + state["residuals"].get(bucket.index(), 0)
+        corrected = grad + stored_residual(state, bucket)
         values, indices = compressing_hooks.topk(corrected, max(1, int(state["ratio"] * grad.numel())))
         sent = torch.zeros_like(corrected)
         sent[indices] = values
         if state.get("error_feedback", True):
-            state["residuals"][bucket.index()] = corrected - sent
+            store_residual(state, bucket, corrected - sent)
         if dense:  # the sparsified bucket, all-reduced whole
             dist.all_reduce(sent)
             grad.copy_(sent)
@@ -215,30 +263,51 @@ def topk_hook_variant(*, gather=True, dense=False, index_dtype=torch.int64, divi
     "attempt, hint",
     [
         (topk_hook_without_memory, "look at the residual"),
+        (topk_by_bucket_index, "DDP rebuilt its buckets after step 0"),
+        (topk_one_residual, "DDP rebuilt its buckets after step 0"),
         (topk_hook_always_feeding_back, "with error_feedback=False"),
         (topk_hook_variant(gather=False), "the ranks disagree"),
         (topk_hook_variant(dense=True), "the whole float32 bucket"),
         (topk_hook_variant(index_dtype=torch.int32), "Yours sends less"),
         (topk_hook_variant(divide=False), "already at step 0"),
+        (topk_k_of_the_mlp, "on the digits CNN in three buckets (model='cnn', bucket_cap_mb=0.01): your hook sends"),
     ],
-    ids=["no_memory", "ignores_the_switch", "no_gather", "dense_allreduce", "int32_indices", "no_divide"],
+    ids=[
+        "no_memory",
+        "by_bucket_index",
+        "one_residual",
+        "ignores_the_switch",
+        "no_gather",
+        "dense_allreduce",
+        "int32_indices",
+        "no_divide",
+        "k_of_the_mlp",
+    ],
 )
 def test_topk_hook_wrong_answers_get_their_own_hint(attempt, hint, cluster):
     outcome = compressing_hooks.check_topk_ef_hook(attempt, cluster=cluster, steps=3)
     assert outcome.status == WRONG and hint in outcome.message, outcome.message
 
 
-def sign_hook_variant(*, gather=True, residual=True, sign_dtype=torch.int8, send_scales=True):
+def sign_hook_variant(
+    *, gather=True, residual=True, sign_dtype=torch.int8, send_scales=True, by_bucket_index=False, mean_over=None
+):
     """The reference EF-SignSGD hook with one slip."""
 
     def hook(state, bucket):
         world = dist.get_world_size()
         grad = bucket.buffer()
-        corrected = grad + state["residuals"].get(bucket.index(), 0)
-        scale = corrected.abs().mean().reshape(1)
+        if by_bucket_index:  # the first reference: wrong after DDP's rebuild
+            corrected = grad + state["residuals"].get(bucket.index(), 0)
+        else:
+            corrected = grad + stored_residual(state, bucket)
+        # mean_over: the mean |c| over a hard-coded count of entries (the MLP's), right on one bucket only
+        scale = (corrected.abs().mean() if mean_over is None else corrected.abs().sum() / mean_over).reshape(1)
         signs = torch.where(corrected >= 0, 1, -1).to(sign_dtype)
-        if residual:
+        if residual and by_bucket_index:
             state["residuals"][bucket.index()] = corrected - scale * signs
+        elif residual:
+            store_residual(state, bucket, corrected - scale * signs)
         if not gather:
             grad.copy_(scale * signs)
         else:
@@ -263,8 +332,10 @@ def sign_hook_variant(*, gather=True, residual=True, sign_dtype=torch.int8, send
         (sign_hook_variant(gather=False), "the ranks disagree"),
         (sign_hook_variant(sign_dtype=torch.float32), "Yours sends more"),
         (sign_hook_variant(send_scales=False), "Yours sends less"),
+        (sign_hook_variant(by_bucket_index=True), "DDP rebuilt its buckets after step 0"),
+        (sign_hook_variant(mean_over=9610), "on the digits CNN in three buckets (model='cnn', bucket_cap_mb=0.01)"),
     ],
-    ids=["mean_of_signs", "no_memory", "no_gather", "float32_signs", "no_scales"],
+    ids=["mean_of_signs", "no_memory", "no_gather", "float32_signs", "no_scales", "by_bucket_index", "mean_over_mlp"],
 )
 def test_sign_hook_wrong_answers_get_their_own_hint(attempt, hint, cluster):
     outcome = compressing_hooks.check_sign_ef_hook(attempt, cluster=cluster, steps=3)
@@ -422,8 +493,16 @@ def seed_sequence(seed, rank, step, bucket_index):  # NumPy's tool for independe
     return torch.Generator().manual_seed(int(state))
 
 
-def digits_of_their_own(seed, rank, step, bucket_index):
+def digits_of_their_own(seed, rank, step, bucket_index):  # rank 1000 of seed 0 is rank 0 of seed 1
     return torch.Generator().manual_seed(((seed * 1000 + rank) * 100_000 + step) * 1000 + bucket_index)
+
+
+def packed_wide_digits(seed, rank, step, bucket_index):  # right on the ranks' grid; rank 100 at step 0 is step 1
+    return torch.Generator().manual_seed(seed * 10**9 + step * 10**4 + rank * 100 + bucket_index)
+
+
+def tuple_hash_reordered(seed, rank, step, bucket_index):
+    return torch.Generator().manual_seed(hash((bucket_index, step, rank, seed)) % 2**63)
 
 
 def test_rounding_generator_not_attempted_hands_on_the_reference(cluster, capsys):
@@ -445,6 +524,8 @@ def test_rounding_generator_not_attempted_hands_on_the_reference(cluster, capsys
         (no_bucket, "Mix the bucket index into the seed"),
         (added_up, "seed + rank + step does"),
         (packed_digits, "drew the same noise: your seed gives both the same number"),
+        (packed_wide_digits, "numbers packed side by side run into each other once one outgrows its digits"),
+        (digits_of_their_own, "(0, 1000, 0, 0) and (1, 0, 0, 0) drew the same noise"),
         (ignores_the_seed, "seed 1 drew the same noise as seed 0"),
         (also_seeds_the_global_one, "changes torch's global generator"),
         (returns_the_seed, "return a torch.Generator"),
@@ -471,9 +552,17 @@ def test_a_generator_kept_between_calls_is_told_that_order_matters(cluster):
 
 
 def test_rounding_generator_right_answers_pass(cluster):
-    for right in (compressing_hooks.rounding_generator, seed_sequence, digits_of_their_own):
+    for right in (compressing_hooks.rounding_generator, seed_sequence, tuple_hash_reordered):
         outcome = compressing_hooks.check_rounding_generator(right, cluster=cluster)
         assert outcome.status == RIGHT and outcome.value is right, outcome.message
+
+
+def test_the_wide_check_leaves_the_global_generator_alone():
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    assert compressing_hooks._wide_problem(packed_wide_digits) is not None
+    assert compressing_hooks._wide_problem(compressing_hooks.rounding_generator) is None
+    assert torch.equal(before, torch.get_rng_state())
 
 
 def test_a_rounding_generator_that_raises_is_told_what_it_raised(cluster):

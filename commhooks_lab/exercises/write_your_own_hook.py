@@ -54,17 +54,20 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 def topk_ef_hook(state: dict, bucket) -> torch.futures.Future[torch.Tensor]:
     """Top-k with error feedback: send the k largest of (gradient + residual), keep the rest.
 
-    ``state``: {"ratio": 0.01, "error_feedback": True, "residuals": {}}.
+    ``state``: {"ratio": 0.01, "error_feedback": True, "residuals": {}}. The residuals are kept per parameter:
+    DDP rebuilds its buckets after step 0, so a bucket's index does not name the same entries at every step.
     """
     world = dist.get_world_size()
     grad = bucket.buffer()
-    corrected = grad + state["residuals"].get(bucket.index(), 0)
+    params = bucket.parameters()
+    residual = torch.cat([state["residuals"].get(p, torch.zeros(p.numel())) for p in params])
+    corrected = grad + residual
     k = max(1, int(state["ratio"] * grad.numel()))
     values, indices = topk(corrected, k)
     if state.get("error_feedback", True):
         sent = torch.zeros_like(corrected)
         sent[indices] = values
-        state["residuals"][bucket.index()] = corrected - sent
+        state["residuals"].update(zip(params, (corrected - sent).split([p.numel() for p in params])))
     gathered_values = [torch.empty_like(values) for _ in range(world)]
     gathered_indices = [torch.empty_like(indices) for _ in range(world)]
     dist.all_gather(gathered_values, values)
@@ -78,19 +81,41 @@ def topk_ef_hook(state: dict, bucket) -> torch.futures.Future[torch.Tensor]:
 
 @reference("sign_ef_hook")
 def sign_ef_hook(state: dict, bucket) -> torch.futures.Future[torch.Tensor]:
-    """EF-SignSGD: send sign(gradient + residual) and one scale, mean |.|; keep what the signs missed."""
+    """EF-SignSGD: send sign(gradient + residual) and one scale, mean |.|; keep what the signs missed.
+
+    ``state``: {"residuals": {}}, kept per parameter as in :func:`topk_ef_hook`.
+    """
     world = dist.get_world_size()
     grad = bucket.buffer()
-    corrected = grad + state["residuals"].get(bucket.index(), 0)
+    params = bucket.parameters()
+    corrected = grad + torch.cat([state["residuals"].get(p, torch.zeros(p.numel())) for p in params])
     scale = corrected.abs().mean().reshape(1)
     signs = torch.where(corrected >= 0, 1, -1).to(torch.int8)
-    state["residuals"][bucket.index()] = corrected - scale * signs
+    state["residuals"].update(zip(params, (corrected - scale * signs).split([p.numel() for p in params])))
     gathered_signs = [torch.empty_like(signs) for _ in range(world)]
     gathered_scales = [torch.empty_like(scale) for _ in range(world)]
     dist.all_gather(gathered_signs, signs)
     dist.all_gather(gathered_scales, scale)
     grad.copy_(sum(s * g for s, g in zip(gathered_scales, gathered_signs)) / world)
     return completed_future(grad)
+
+
+def _by_bucket_index(hook):
+    """``hook`` with its residuals kept under ``bucket.index()``, as a first attempt keeps them: DDP's rebuild
+    after step 0 then adds step 0's residual to other parameters' entries (the check's known slip)."""
+
+    def slipped(state: dict, bucket) -> torch.futures.Future[torch.Tensor]:
+        stored = state["residuals"].get(bucket.index())
+        params = bucket.parameters()
+        own = {**state, "residuals": {}}
+        if stored is not None and stored.numel() == bucket.buffer().numel():
+            own["residuals"] = dict(zip(params, stored.split([p.numel() for p in params])))
+        future = hook(own, bucket)
+        if own["residuals"]:
+            state["residuals"][bucket.index()] = torch.cat([own["residuals"][p] for p in params])
+        return future
+
+    return slipped
 
 
 def topk_state(process_group: Any, ratio: float = 0.01, error_feedback: bool = True) -> dict:
@@ -162,9 +187,42 @@ def check_topk(attempt) -> Outcome:
     return check_function("topk", attempt, _verify_topk, "25 values at their indices, the 25 largest magnitudes.")
 
 
+#: The second case every hook check runs: the digits CNN, which DDP's rebuild after step 0 splits into three
+#: buckets (notebook 2), where the MLP travels in one.
+MULTI_BUCKET: dict[str, Any] = {"model": "cnn", "bucket_cap_mb": 0.01}
+_ON_MULTI_BUCKET = "on the digits CNN in three buckets (model='cnn', bucket_cap_mb=0.01): "
+
+_REBUILT = (
+    "your residual does not follow the parameters. DDP rebuilt its buckets after step 0 (notebook 2), so at step 1 "
+    "bucket 0 holds the parameters in another order. A residual kept under bucket.index(), or one for the whole "
+    "model, lands on other entries: keep one per parameter."
+)
+
+
+def _first_difference(a, b) -> int | None:
+    """The first step at which two runs' rel_error differ by more than float32 rounding, or None."""
+    differs = (a["rel_error"] - b["rel_error"]).abs() > 1e-5 * b["rel_error"].abs().clip(lower=1e-3)
+    return int(a["step"][differs].iloc[0]) if differs.any() else None
+
+
 def _compare_runs(
-    attempt, ref, state_factory, steps: int, cluster, what: str, more: str = "", fewer: str = "", **changes: Any
+    attempt,
+    ref,
+    state_factory,
+    steps: int,
+    cluster,
+    what: str,
+    more: str = "",
+    fewer: str = "",
+    case: str = "",
+    **changes: Any,
 ) -> str | None:
+    """What differs between ``attempt`` and ``ref`` run on the same data, or None; ``case`` starts the hint."""
+    problem = _runs_problem(attempt, ref, state_factory, steps, cluster, what, more, fewer, **changes)
+    return None if problem is None else case + problem
+
+
+def _runs_problem(attempt, ref, state_factory, steps, cluster, what, more, fewer, **changes) -> str | None:
     a, b = run_beside_reference(attempt, ref, state_factory, steps, cluster, **changes)
     if (a["rank_spread"] != 0).any():
         return "the ranks disagree after your hook: every rank must decode the same payloads the same way."
@@ -180,14 +238,16 @@ def _compare_runs(
                 "compressor keeps."
             )
         return f"{said} {more if mine > design else fewer}".rstrip()
-    differs = (a["rel_error"] - b["rel_error"]).abs() > 1e-5 * b["rel_error"].abs().clip(lower=1e-3)
-    if differs.any():
-        step = int(a["step"][differs].iloc[0])
+    step = _first_difference(a, b)
+    if step is not None:
         if step == 0:
             return (
                 f"already at step 0 your gradient differs from {what} (rel_error {a['rel_error'].iloc[0]:.3g} vs "
                 f"{b['rel_error'].iloc[0]:.3g}): check what you send and how you decode it."
             )
+        slipped, _ = run_beside_reference(_by_bucket_index(ref), ref, state_factory, steps, cluster, **changes)
+        if _first_difference(a, slipped) is None:
+            return _REBUILT
         return (
             f"steps before {step} match, step {step} does not (rel_error {a['rel_error'].iloc[step]:.3g} vs "
             f"{b['rel_error'].iloc[step]:.3g}): look at the residual — added before compressing, updated after."
@@ -206,8 +266,10 @@ _SIGN_BYTES = {
 
 
 def _compare_both_switches(fn, cluster, steps: int) -> str | None:
-    """With error feedback (the default state), then without: a hook that ignores the switch fails the second."""
-    problem = _compare_runs(fn, topk_ef_hook, topk_state, steps, cluster, "top-k of gradient + residual", **_TOPK_BYTES)
+    """With error feedback (the default state), then without: a hook that ignores the switch fails the second;
+    then error feedback on a model of several buckets."""
+    what = "top-k of gradient + residual"
+    problem = _compare_runs(fn, topk_ef_hook, topk_state, steps, cluster, what, **_TOPK_BYTES)
     if problem is None:
         problem = _compare_runs(
             fn, topk_ef_hook, topk_state, steps, cluster, "top-k of the gradient alone", **_TOPK_BYTES,
@@ -215,16 +277,24 @@ def _compare_both_switches(fn, cluster, steps: int) -> str | None:
         )  # fmt: skip
         if problem is not None:
             problem = f"with error_feedback=False, {problem} Keep no residual when state['error_feedback'] is False."
+    if problem is None:
+        problem = _compare_runs(
+            fn, topk_ef_hook, topk_state, steps, cluster, what, **_TOPK_BYTES, case=_ON_MULTI_BUCKET, **MULTI_BUCKET
+        )
     return problem
 
 
 def check_topk_ef_hook(attempt, cluster=None, steps: int = 6) -> Outcome:
-    """Run your hook and the reference on the same data, error feedback on and off: same bytes, same error.
+    """Run your hook and the reference on the same data, error feedback on and off: same bytes, same error; then
+    with error feedback on the digits CNN, which travels in three buckets after DDP's rebuild (MULTI_BUCKET).
 
     Wrong answers it recognises, each told by its own hint: the residual never kept ("look at the residual");
-    state["error_feedback"] ignored ("with error_feedback=False"); no all-gather, each rank decoding its own
-    ("the ranks disagree"); the dense bucket all-reduced ("the whole float32 bucket"); int32 indices ("Yours
-    sends less"); extra payload ("Yours sends more"); a wrong decode, not dividing by W say ("already at step 0").
+    the residual kept under bucket.index(), or one for all buckets, which DDP's rebuild after step 0 puts on other
+    entries ("DDP rebuilt its buckets"); state["error_feedback"] ignored ("with error_feedback=False"); no
+    all-gather, each rank decoding its own ("the ranks disagree"); the dense bucket all-reduced ("the whole float32
+    bucket"); int32 indices ("Yours sends less"); extra payload ("Yours sends more"); a wrong decode, not dividing
+    by W say ("already at step 0"); k hard-coded from the MLP's one bucket, right on the MLP only ("on the digits
+    CNN in three buckets").
     """
     return check_function(
         "topk_ef_hook",
@@ -236,16 +306,26 @@ def check_topk_ef_hook(attempt, cluster=None, steps: int = 6) -> Outcome:
 
 
 def check_sign_ef_hook(attempt, cluster=None, steps: int = 6) -> Outcome:
-    """Run your EF-SignSGD hook and the reference on the same data: same bytes, same error, the ranks agreeing.
+    """Run your EF-SignSGD hook and the reference on the same data: same bytes, same error, the ranks agreeing;
+    on the MLP (one bucket), then on the digits CNN (three buckets after DDP's rebuild, MULTI_BUCKET).
 
     Wrong answers it recognises, each told by its own hint: the mean of the scales times the mean of the signs
-    ("already at step 0"); the residual never kept ("look at the residual"); each rank decoding its own signs
-    ("the ranks disagree"); signs sent as float32 ("Yours sends more"); the scales not sent ("Yours sends less").
+    ("already at step 0"); the residual never kept ("look at the residual"); the residual kept under
+    bucket.index(), or one for all buckets ("DDP rebuilt its buckets"); each rank decoding its own signs ("the
+    ranks disagree"); signs sent as float32 ("Yours sends more"); the scales not sent ("Yours sends less"); the
+    scale divided by the MLP's 9,610 entries, right on the MLP only ("on the digits CNN in three buckets").
     """
+
+    def verify(fn) -> str | None:
+        what = "mean|c| x sign(c)"
+        return _compare_runs(fn, sign_ef_hook, sign_state, steps, cluster, what, **_SIGN_BYTES) or _compare_runs(
+            fn, sign_ef_hook, sign_state, steps, cluster, what, **_SIGN_BYTES, case=_ON_MULTI_BUCKET, **MULTI_BUCKET
+        )
+
     return check_function(
         "sign_ef_hook",
         attempt,
-        lambda fn: _compare_runs(fn, sign_ef_hook, sign_state, steps, cluster, "mean|c| x sign(c)", **_SIGN_BYTES),
+        verify,
         f"Same bytes and the same error as the reference at every one of {steps} steps; the ranks agree.",
     )
 
@@ -327,6 +407,10 @@ def check_ef_prediction(prediction: Any, with_ef, without_ef) -> Outcome:
 #: and a run thousands of steps: a seed made of digits, such as seed*100000 + step*100 + rank*10 + bucket, gives
 #: rank 0's bucket 10 rank 1's bucket 0), four draws per generator.
 NOISE_SEEDS, NOISE_STEPS, NOISE_BUCKETS, NOISE_DRAWS = (0, 1), (0, 1, 2, 3, 100, 1000), (0, 1, 10, 12), 4
+#: Numbers a large job reaches, asked for in the notebook's own process (the function is pure): a thousand ranks,
+#: a million steps, a hundred buckets. Digits packed side by side, as seed*10**9 + step*10**4 + rank*100 + bucket,
+#: run into each other there (rank 100 at step 0 is rank 0 at step 1).
+WIDE_RANKS, WIDE_STEPS, WIDE_BUCKETS = (0, 1, 100, 1000), (0, 1, 100, 10**4, 10**6), (0, 1, 10, 100)
 
 
 @reference("rounding_generator")
@@ -459,6 +543,33 @@ def _noise_problem(first: list[dict], second: list[dict]) -> str | None:
     return None
 
 
+def _wide_problem(fn) -> str | None:
+    """Two (seed, rank, step, bucket) of WIDE_* that draw the same noise, said as a hint, or None.
+
+    It runs in the calling process; torch's global generator is put back as it was.
+    """
+    saved = torch.get_rng_state()
+    try:
+        seen: dict[tuple, tuple] = {}
+        for seed in NOISE_SEEDS:
+            for rank in WIDE_RANKS:
+                for step in WIDE_STEPS:
+                    for bucket in WIDE_BUCKETS:
+                        where = (seed, rank, step, bucket)
+                        drawn = tuple(torch.rand(NOISE_DRAWS, generator=fn(*where)).tolist())
+                        if drawn in seen:
+                            return (
+                                f"(seed, rank, step, bucket) = {seen[drawn]} and {where} drew the same noise. A large "
+                                "job has a thousand ranks and runs a million steps, and numbers packed side by side "
+                                "run into each other once one outgrows its digits. Combine the four so that "
+                                "different ones never give the same seed."
+                            )
+                        seen[drawn] = where
+    finally:
+        torch.set_rng_state(saved)
+    return None
+
+
 def check_rounding_generator(attempt, cluster=None) -> Outcome:
     """``rounding_generator(seed, rank, step, bucket_index)``, called on two ranks in two runs: noise independent
     per rank, new every step and bucket, the same in every run.
@@ -469,8 +580,10 @@ def check_rounding_generator(attempt, cluster=None) -> Outcome:
     ("two runs with the same seed drew different noise", "salts anew"); no step ("Mix the step into the seed");
     no bucket index ("Mix the bucket index into the seed"); the seed left out ("seed 1 drew the same noise as
     seed 0"); numbers added up, or packed in decimal digits that collide at bucket 10 ("your seed gives both the
-    same number"); one generator kept between calls ("A resumed run asks for step 10 first"); a side effect on the
-    global generator ("changes torch's global generator"); not a generator ("return a torch.Generator").
+    same number"); digits packed wider, seed*10**9 + step*10**4 + rank*100 + bucket say, that run into each other
+    at a thousand ranks or a million steps ("outgrows its digits"); one generator kept between calls ("A resumed run
+    asks for step 10 first"); a side effect on the global generator ("changes torch's global generator"); not a
+    generator ("return a torch.Generator").
     """
 
     def verify(fn) -> str | None:
@@ -481,7 +594,8 @@ def check_rounding_generator(attempt, cluster=None) -> Outcome:
         if problem is not None:
             return problem
         # Then a run in new interpreters, as a rerun of the script would be: other PIDs, another hash() salt.
-        return _noise_problem(first, launch(_noise_job, fn, world_size=2, start_method="spawn"))
+        problem = _noise_problem(first, launch(_noise_job, fn, world_size=2, start_method="spawn"))
+        return problem if problem is not None else _wide_problem(fn)
 
     return check_function(
         "rounding_generator",
