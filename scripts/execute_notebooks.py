@@ -11,6 +11,7 @@ copies in DIR and leaves the committed notebooks as they are (``measure_spread.p
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -48,12 +49,23 @@ def execute(path: Path, out: Path | None = None) -> float:
     return elapsed
 
 
+def existing_notebook(arg: str) -> Path:
+    """An argument that names a notebook file that is there (argparse's ``type``)."""
+    path = Path(arg)
+    if path.suffix != ".ipynb" or not path.is_file():
+        raise argparse.ArgumentTypeError(f"{arg}: no such notebook (a path to an .ipynb file)")
+    return path
+
+
 def main(argv: list[str]) -> int:
-    out = None
-    if argv[:1] == ["--out"]:
-        out, argv = Path(argv[1]), argv[2:]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, help="save the executed copies here, leaving the committed ones")
+    parser.add_argument("notebooks", nargs="*", type=existing_notebook, help="default: every numbered notebook")
+    args = parser.parse_args(argv)
+    out = args.out
+    if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-    paths = [Path(p) for p in argv] or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
     for path in paths:
         elapsed = execute(path, out)
         print(f"{elapsed:6.1f} s  {path.relative_to(ROOT) if path.is_absolute() else path}", flush=True)

@@ -15,6 +15,7 @@ the executed copies; ``--reuse`` compares the copies already in DIR instead of e
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -135,13 +136,18 @@ def state(path: Path, rows: list[dict]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    write, reuse = "--write" in argv, "--reuse" in argv
-    argv = [a for a in argv if a not in ("--write", "--reuse")]
-    keep = None
-    if argv[:1] == ["--keep"]:
-        keep, argv = Path(argv[1]), argv[2:]
-    paths = [Path(p).resolve() for p in argv] or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
-    paths = paths if argv else [*paths, ROOT / "notebooks" / "template_your_lab.ipynb"]
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from execute_notebooks import existing_notebook
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--write", action="store_true", help="state each moving cell's tolerance in its metadata")
+    parser.add_argument("--keep", type=Path, help="keep the executed copies in this folder")
+    parser.add_argument("--reuse", action="store_true", help="compare the copies already in --keep's folder")
+    parser.add_argument("notebooks", nargs="*", type=existing_notebook, help="default: every notebook")
+    args = parser.parse_args(argv)
+    write, reuse, keep = args.write, args.reuse, args.keep
+    paths = [p.resolve() for p in args.notebooks] or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
+    paths = paths if args.notebooks else [*paths, ROOT / "notebooks" / "template_your_lab.ipynb"]
     with tempfile.TemporaryDirectory() as tmp:
         folders = execute_all(paths, keep or Path(tmp), reuse and keep is not None)
         for path in paths:

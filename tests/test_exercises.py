@@ -163,8 +163,10 @@ def topk_k_of_the_mlp(state, bucket):  # a hard-coded k: 1% of the MLP's 9,610 e
     return gathered_topk(state, bucket, corrected, lambda residual: store_residual(state, bucket, residual), k=96)
 
 
-def gathered_topk(state, bucket, corrected, keep, k=None):
-    """The reference's top-k, all-gather and decode, with the residual kept by ``keep``."""
+def gathered_topk(
+    state, bucket, corrected, keep, *, k=None, gather=True, dense=False, index_dtype=torch.int64, divide=True
+):
+    """The reference's top-k, all-gather and decode, with the residual kept by ``keep``, or with one slip."""
     world = dist.get_world_size()
     grad = bucket.buffer()
     values, indices = compressing_hooks.topk(corrected, k or max(1, int(state["ratio"] * grad.numel())))
@@ -172,35 +174,40 @@ def gathered_topk(state, bucket, corrected, keep, k=None):
     sent[indices] = values
     if state.get("error_feedback", True):
         keep(corrected - sent)
-    gathered_v = [torch.empty_like(values) for _ in range(world)]
-    gathered_i = [torch.empty_like(indices) for _ in range(world)]
-    dist.all_gather(gathered_v, values)
-    dist.all_gather(gathered_i, indices)
-    grad.zero_()
-    for v, i in zip(gathered_v, gathered_i):
-        grad.index_add_(0, i, v)
-    grad.div_(world)
+    if dense:  # the sparsified bucket, all-reduced whole
+        dist.all_reduce(sent)
+        grad.copy_(sent)
+    elif gather:
+        indices = indices.to(index_dtype)
+        gathered_v = [torch.empty_like(values) for _ in range(world)]
+        gathered_i = [torch.empty_like(indices) for _ in range(world)]
+        dist.all_gather(gathered_v, values)
+        dist.all_gather(gathered_i, indices)
+        grad.zero_()
+        for v, i in zip(gathered_v, gathered_i):
+            grad.index_add_(0, i.long(), v)
+    else:  # each rank decodes its own top-k only
+        grad.copy_(sent)
+    if divide:
+        grad.div_(world)
     future = torch.futures.Future()
     future.set_result(grad)
     return future
+
+
+def topk_hook_variant(**slip):
+    """The reference top-k hook with one slip (``gathered_topk``'s keywords)."""
+
+    def hook(state, bucket):
+        corrected = bucket.buffer() + stored_residual(state, bucket)
+        return gathered_topk(state, bucket, corrected, lambda residual: store_residual(state, bucket, residual), **slip)
+
+    return hook
 
 
 def topk_hook_without_memory(state, bucket):  # plausible and wrong: forgets to update the residual
-    world = dist.get_world_size()
-    grad = bucket.buffer()
-    corrected = grad + stored_residual(state, bucket)
-    values, indices = compressing_hooks.topk(corrected, max(1, int(state["ratio"] * grad.numel())))
-    gathered_v = [torch.empty_like(values) for _ in range(world)]
-    gathered_i = [torch.empty_like(indices) for _ in range(world)]
-    dist.all_gather(gathered_v, values)
-    dist.all_gather(gathered_i, indices)
-    grad.zero_()
-    for v, i in zip(gathered_v, gathered_i):
-        grad.index_add_(0, i, v)
-    grad.div_(world)
-    future = torch.futures.Future()
-    future.set_result(grad)
-    return future
+    corrected = bucket.buffer() + stored_residual(state, bucket)
+    return gathered_topk(state, bucket, corrected, lambda residual: None)
 
 
 def sign_hook_mean_of_signs(state, bucket):  # plausible and wrong: mean(scale) x mean(sign)
@@ -222,41 +229,6 @@ def sign_hook_mean_of_signs(state, bucket):  # plausible and wrong: mean(scale) 
 
 def topk_hook_always_feeding_back(state, bucket):  # plausible and wrong: ignores state["error_feedback"]
     return compressing_hooks.topk_ef_hook({**state, "error_feedback": True}, bucket)
-
-
-def topk_hook_variant(*, gather=True, dense=False, index_dtype=torch.int64, divide=True):
-    """The reference top-k hook with one slip."""
-
-    def hook(state, bucket):
-        world = dist.get_world_size()
-        grad = bucket.buffer()
-        corrected = grad + stored_residual(state, bucket)
-        values, indices = compressing_hooks.topk(corrected, max(1, int(state["ratio"] * grad.numel())))
-        sent = torch.zeros_like(corrected)
-        sent[indices] = values
-        if state.get("error_feedback", True):
-            store_residual(state, bucket, corrected - sent)
-        if dense:  # the sparsified bucket, all-reduced whole
-            dist.all_reduce(sent)
-            grad.copy_(sent)
-        elif gather:
-            indices = indices.to(index_dtype)
-            gathered_v = [torch.empty_like(values) for _ in range(world)]
-            gathered_i = [torch.empty_like(indices) for _ in range(world)]
-            dist.all_gather(gathered_v, values)
-            dist.all_gather(gathered_i, indices)
-            grad.zero_()
-            for v, i in zip(gathered_v, gathered_i):
-                grad.index_add_(0, i.long(), v)
-        else:  # each rank decodes its own top-k only
-            grad.copy_(sent)
-        if divide:
-            grad.div_(world)
-        future = torch.futures.Future()
-        future.set_result(grad)
-        return future
-
-    return hook
 
 
 @pytest.mark.parametrize(

@@ -32,51 +32,8 @@ def bf16_allreduce(state, bucket):  # plausible and wrong: bf16 all-reduce, sums
     return future
 
 
-def sums_in_bf16(state, bucket):  # plausible and wrong: the right traffic, but the sum rounds in 16 bits
-    world = dist.get_world_size()
-    buffer = bucket.buffer()
-    piece = -(-buffer.numel() // world)
-    wire = torch.zeros(world * piece, dtype=state.dtype)
-    wire[: buffer.numel()] = buffer.div(world)
-    received = torch.empty_like(wire)
-    dist.all_to_all_single(received, wire)
-    rows = received.view(world, piece)
-    summed = rows[0].clone()
-    for row in rows[1:]:
-        summed += row  # one bf16 rounding per addition (tensor.sum would accumulate in float32)
-    gathered = torch.empty_like(wire)
-    dist.all_gather(list(gathered.view(world, piece).unbind()), summed)
-    buffer.copy_(gathered[: buffer.numel()])
-    future = torch.futures.Future()
-    future.set_result(buffer)
-    return future
-
-
-def scaffolded(fill, total=None, gather=True):
-    """The notebook's scaffold with the learner's three steps written as ``fill`` and ``total`` say."""
-
-    def hook(state, bucket):
-        group = state.process_group
-        world = dist.get_world_size(group)
-        buffer = bucket.buffer()
-        piece = -(-buffer.numel() // world)
-        wire = torch.zeros(world * piece, dtype=state.dtype)
-        received = torch.empty_like(wire)
-        wire[: buffer.numel()] = fill(buffer, world)
-        dist.all_to_all_single(received, wire, group=group)
-        rows = received.view(world, piece)
-        summed = (total or (lambda rows, world, dtype: rows.float().sum(0).to(dtype)))(rows, world, state.dtype)
-        gathered = torch.zeros_like(wire)
-        if gather:
-            dist.all_gather(list(gathered.view(world, piece).unbind()), summed, group=group)
-        else:  # only this rank's own summed piece
-            gathered.view(world, piece)[dist.get_rank(group)] = summed
-        buffer.copy_(gathered[: buffer.numel()])
-        future = torch.futures.Future()
-        future.set_result(buffer)
-        return future
-
-    return hook
+sums_in_bf16 = ex.scaffold(lambda b, w: b / w, ex._sum_in_16_bits)  # plausible and wrong: 16-bit sums
+scaffolded = ex.scaffold
 
 
 def fp32_wire(state, bucket):  # plausible and wrong: the same collectives, in float32

@@ -60,9 +60,24 @@ def check_growth_prediction(prediction: Any, table) -> Outcome:
     )
 
 
-def _slip(divide: str = "before", sum_dtype: str = "float32"):
-    """The reference with one slip: ``divide`` "before" (right), "after" the sum or "never"; the sum in float32
-    (right) or in the 16-bit format."""
+def _float32_sum(rows, world: int, dtype):
+    """The right step 3: sum the received rows in float32 and round once."""
+    return rows.float().sum(dim=0).to(dtype)
+
+
+def _sum_in_16_bits(rows, world: int, dtype):
+    """A slip in step 3: one 16-bit rounding per addition (``tensor.sum`` would accumulate in float32)."""
+    total = rows[0].clone()
+    for row in rows[1:]:
+        total += row
+    return total
+
+
+def scaffold(fill, total=_float32_sum, gather: bool = True):
+    """Notebook 9's exercise cell as a hook, with the learner's steps as functions: ``fill(buffer, W)`` is what
+    goes on the wire (cast to ``state.dtype`` as it is stored), ``total(rows, W, dtype)`` this rank's summed
+    piece; ``gather=False`` keeps only this rank's own piece (a slip). The checker's slips and the tests' wrong
+    answers are built from it, so that each is the scaffold with one step changed."""
 
     def hook(state, bucket):
         import torch
@@ -73,21 +88,17 @@ def _slip(divide: str = "before", sum_dtype: str = "float32"):
         group = state.process_group
         world = dist.get_world_size(group)
         buffer = bucket.buffer()
-        piece = -(-buffer.numel() // world)
+        piece = -(-buffer.numel() // world)  # ceil: W equal pieces, at most W-1 padding zeros
         wire = torch.zeros(world * piece, dtype=state.dtype)
-        wire[: buffer.numel()] = buffer.div(world) if divide == "before" else buffer
         received = torch.empty_like(wire)
+        wire[: buffer.numel()] = fill(buffer, world)
         dist.all_to_all_single(received, wire, group=group)
-        rows = received.view(world, piece)
-        if sum_dtype == "float32":
-            total = rows.to(torch.float32).sum(dim=0)
+        summed = total(received.view(world, piece), world, state.dtype)
+        gathered = torch.zeros_like(wire)
+        if gather:
+            dist.all_gather(list(gathered.view(world, piece).unbind()), summed, group=group)
         else:
-            total = rows[0].clone()
-            for row in rows[1:]:
-                total += row
-        summed = (total / world if divide == "after" else total).to(state.dtype)
-        gathered = torch.empty_like(wire)
-        dist.all_gather(list(gathered.view(world, piece).unbind()), summed, group=group)
+            gathered.view(world, piece)[dist.get_rank(group)] = summed
         buffer.copy_(gathered[: buffer.numel()])
         return completed_future(buffer)
 
@@ -96,17 +107,17 @@ def _slip(divide: str = "before", sum_dtype: str = "float32"):
 
 _ROUNDING_SLIPS = {
     "sum_in_16_bits": (
-        _slip(sum_dtype="16"),
+        scaffold(lambda buffer, world: buffer / world, _sum_in_16_bits),
         "you add the received pieces in the 16-bit format, one rounding per addition: add the received pieces in "
         "float32 and round the sum once.",
     ),
     "divide_after": (
-        _slip(divide="after"),
+        scaffold(lambda buffer, world: buffer, lambda rows, world, dtype: (rows.float().sum(dim=0) / world).to(dtype)),
         "you divide by W after the sum: divide by W in float32 before the cast, so that each value is rounded to "
         "16 bits once, already scaled.",
     ),
     "no_divide": (
-        _slip(divide="never"),
+        scaffold(lambda buffer, world: buffer),
         "your result is the sum over ranks, W times the mean: divide the bucket by W before the cast.",
     ),
 }

@@ -16,7 +16,8 @@ The bound: PyTorch's hook computes y_r = fl(fl(g_r) / W) (two roundings, |y_r - 
 and the ring adds W values with W-1 roundings (Higham, Accuracy and Stability of Numerical Algorithms,
 2nd ed., eq. 4.4: |error| <= gamma_{W-1} sum_r |y_r|), so per element
 |h - mean| <= gamma_{W+1} * sum_r |g_r| / W, with gamma_n = n u / (1 - n u), as long as nothing
-overflows or falls into the subnormal range. The norm of that vector over the norm of the mean is
+overflows and no cast or quotient falls into the subnormal range (an addition with a subnormal
+result is exact). The norm of that vector over the norm of the mean is
 the ``bound`` row. It grows with W and with cancellation; measured errors sit far below it.
 :func:`ring_bound_check` checks the bound element by element, and where a value underflows (float16
 does, on these gradients) it adds the model's absolute underflow term.
@@ -78,7 +79,11 @@ def _not_normal(x: torch.Tensor) -> torch.Tensor:
 
 
 def _ring(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ring's sum of the rows of ``values``, and per element whether a partial sum left the normal range."""
+    """The ring's sum of the rows of ``values``, and per element whether a partial sum overflowed.
+
+    A partial sum that is subnormal needs no flag: an addition of two 16-bit numbers with a subnormal
+    result is exact (both are multiples of the smallest subnormal, and so is their sum).
+    """
     world = values.shape[0]
     pieces = [list(row.tensor_split(world)) for row in values]
     out, outside = [], []
@@ -87,7 +92,7 @@ def _ring(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         flag = torch.zeros(acc.shape, dtype=torch.bool)
         for step in range(1, world):
             acc += pieces[(chunk + step) % world][chunk]  # one rounding in the 16-bit dtype per hop
-            flag |= _not_normal(acc)
+            flag |= acc.isinf()
         out.append(acc)
         outside.append(flag)
     return torch.cat(out), torch.cat(outside)
@@ -103,15 +108,23 @@ def ring_allreduce(values: torch.Tensor) -> torch.Tensor:
 
 
 def reduce_16bit(grads: torch.Tensor, dtype: torch.dtype, method: str) -> torch.Tensor:
-    """The mean gradient as ``method`` leaves it, in float64 for measuring."""
+    """The mean gradient as ``method`` leaves it, in float64 for measuring.
+
+    ``wire16_sum32_unrounded`` is ``wire16_sum32`` without its last rounding: the float32 sum of the
+    W rounded inputs, to split the fix's error into its inputs' roundings and the last one.
+    """
     world = grads.shape[0]
     if method == "ring":
         return ring_allreduce(grads.to(dtype).div_(world)).double()
     if method == "wire16_sum32":
         return (grads / world).to(dtype).float().sum(dim=0).to(dtype).double()
+    if method == "wire16_sum32_unrounded":  # the same float32 sum, before its last rounding to 16 bits
+        return (grads / world).to(dtype).float().sum(dim=0).double()
     if method == "one_rounding":
         return grads.double().mean(dim=0).to(dtype).double()
-    raise ValueError(f"unknown method {method!r}; choose 'ring', 'wire16_sum32' or 'one_rounding'")
+    raise ValueError(
+        f"unknown method {method!r}; choose 'ring', 'wire16_sum32', 'wire16_sum32_unrounded' or 'one_rounding'"
+    )
 
 
 def rel_error(h: torch.Tensor, exact: torch.Tensor) -> float:
@@ -130,14 +143,16 @@ def _worst_case_bound(grads: torch.Tensor, dtype: torch.dtype) -> float:
 def ring_bound_check(grads: torch.Tensor, dtype: torch.dtype) -> dict[str, int]:
     """The ring's error against its per-element bound, element by element, with the bound's condition.
 
-    The condition: no rounded value of an element (its 16-bit cast, the quotient by W, a partial sum
-    of the ring) is subnormal or infinite. Where a value underflows, the model of rounding with
+    The condition: no cast of an element to 16 bits and no quotient by W is subnormal or infinite,
+    and no partial sum of the ring overflows. A partial sum may be subnormal: an addition with a
+    subnormal result is exact. Where a cast or quotient underflows, the model of rounding with
     underflow (Higham, 2nd ed., section 2.1) adds an absolute error of at most lambda*u per cast or
-    division (lambda the smallest normal number; additions that underflow are exact), so
+    division (lambda the smallest normal number), so
     |h - mean| <= gamma_{W+1} sum_r |g_r| / W + (1 + gamma_W) (W + 1) lambda u holds for every element.
-    Returns element counts: ``subnormal`` (the condition fails there: every one of them was subnormal,
-    ``overflow`` counts the infinite ones), ``over_bound`` (elements over the plain bound, of which
-    ``over_bound_where_it_holds`` satisfy the condition) and ``over_bound_with_underflow``.
+    Returns element counts: ``subnormal`` (the condition fails there: a cast or quotient was subnormal
+    or a value infinite, and ``overflow`` counts the infinite ones), ``over_bound`` (elements over the
+    plain bound, of which ``over_bound_where_it_holds`` satisfy the condition) and
+    ``over_bound_with_underflow``.
     """
     world = grads.shape[0]
     u, tiny = UNIT_ROUNDOFF[dtype], torch.finfo(dtype).tiny
@@ -164,6 +179,18 @@ def ring_bound_check(grads: torch.Tensor, dtype: torch.dtype) -> dict[str, int]:
     }
 
 
+def _table(row_of, world_sizes: Sequence[int], model: str, dtypes: Sequence[torch.dtype], seed: int):
+    """One row per W and dtype: ``row_of(grads, dtype)`` of that W's local gradients, beside W and the dtype."""
+    import pandas as pd
+
+    rows = []
+    for world in world_sizes:
+        grads = local_gradients(model, world, seed=seed)
+        for dtype in dtypes:
+            rows.append({"world_size": world, "dtype": str(dtype).replace("torch.", ""), **row_of(grads, dtype)})
+    return pd.DataFrame(rows)
+
+
 def bound_checks(
     world_sizes: Sequence[int] = (2, 4, 8, 16),
     model: str = "mlp",
@@ -171,15 +198,17 @@ def bound_checks(
     seed: int = 0,
 ):
     """:func:`ring_bound_check` per W and dtype, as a table (the gradients of :func:`precision_vs_world_size`)."""
-    import pandas as pd
+    return _table(ring_bound_check, world_sizes, model, dtypes, seed)
 
-    rows = []
-    for world in world_sizes:
-        grads = local_gradients(model, world, seed=seed)
-        for dtype in dtypes:
-            name = str(dtype).replace("torch.", "")
-            rows.append({"world_size": world, "dtype": name, **ring_bound_check(grads, dtype)})
-    return pd.DataFrame(rows)
+
+def _errors(grads: torch.Tensor, dtype: torch.dtype) -> dict[str, float]:
+    """rel_error of each method against the float64 mean, and the worst-case bound."""
+    exact = grads.double().mean(dim=0)
+    row = {
+        method: rel_error(reduce_16bit(grads, dtype, method), exact)
+        for method in ("ring", "wire16_sum32", "one_rounding")
+    }
+    return {**row, "bound": _worst_case_bound(grads, dtype)}
 
 
 def precision_vs_world_size(
@@ -189,20 +218,7 @@ def precision_vs_world_size(
     seed: int = 0,
 ):
     """A table: rel_error of each method, the one-rounding floor and the worst-case bound, per W and dtype."""
-    import pandas as pd
-
-    rows = []
-    for world in world_sizes:
-        grads = local_gradients(model, world, seed=seed)
-        exact = grads.double().mean(dim=0)
-        for dtype in dtypes:
-            name = str(dtype).replace("torch.", "")
-            row = {"world_size": world, "dtype": name}
-            for method in ("ring", "wire16_sum32", "one_rounding"):
-                row[method] = rel_error(reduce_16bit(grads, dtype, method), exact)
-            row["bound"] = _worst_case_bound(grads, dtype)
-            rows.append(row)
-    return pd.DataFrame(rows)
+    return _table(_errors, world_sizes, model, dtypes, seed)
 
 
 def plot_precision(table, dtype: str = "bfloat16"):
