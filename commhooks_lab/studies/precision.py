@@ -16,8 +16,8 @@ The bound: PyTorch's hook computes y_r = fl(fl(g_r) / W) (two roundings, |y_r - 
 and the ring adds W values with W-1 roundings (Higham, Accuracy and Stability of Numerical Algorithms,
 2nd ed., eq. 4.4: |error| <= gamma_{W-1} sum_r |y_r|), so per element
 |h - mean| <= gamma_{W+1} * sum_r |g_r| / W, with gamma_n = n u / (1 - n u), as long as nothing
-overflows and no cast or quotient falls into the subnormal range (an addition with a subnormal
-result is exact). The norm of that vector over the norm of the mean is
+overflows and no cast or quotient of a nonzero value falls below the smallest normal number
+(subnormal, or flushed to zero); an addition with a subnormal result is exact. The norm of that vector over the norm of the mean is
 the ``bound`` row. It grows with W and with cancellation; measured errors sit far below it.
 :func:`ring_bound_check` checks the bound element by element, and where a value underflows (float16
 does, on these gradients) it adds the model's absolute underflow term.
@@ -73,9 +73,11 @@ def local_gradients(model: str = "mlp", world_size: int = 8, batch_size: int = 3
     return torch.stack(rows)
 
 
-def _not_normal(x: torch.Tensor) -> torch.Tensor:
-    """Subnormal (nonzero, below the smallest normal) or infinite: where a rounding's relative error can exceed u."""
-    return ((x != 0) & (x.abs() < torch.finfo(x.dtype).tiny)) | x.isinf()
+def _not_normal(rounded: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """Where rounding ``before`` to ``rounded`` can err by more than u relatively: the result is subnormal
+    (nonzero, below the smallest normal), flushed to zero from a nonzero value, or infinite."""
+    flushed = (rounded == 0) & (before != 0)
+    return ((rounded != 0) & (rounded.abs() < torch.finfo(rounded.dtype).tiny)) | flushed | rounded.isinf()
 
 
 def _ring(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,7 +145,8 @@ def _worst_case_bound(grads: torch.Tensor, dtype: torch.dtype) -> float:
 def ring_bound_check(grads: torch.Tensor, dtype: torch.dtype) -> dict[str, int]:
     """The ring's error against its per-element bound, element by element, with the bound's condition.
 
-    The condition: no cast of an element to 16 bits and no quotient by W is subnormal or infinite,
+    The condition: no cast of an element to 16 bits and no quotient by W is subnormal, flushed to zero
+    from a nonzero value, or infinite,
     and no partial sum of the ring overflows. A partial sum may be subnormal: an addition with a
     subnormal result is exact. Where a cast or quotient underflows, the model of rounding with
     underflow (Higham, 2nd ed., section 2.1) adds an absolute error of at most lambda*u per cast or
@@ -163,7 +166,7 @@ def ring_bound_check(grads: torch.Tensor, dtype: torch.dtype) -> dict[str, int]:
     cast = grads.to(dtype)
     quotient = cast / world
     h, partial_outside = _ring(quotient)
-    outside = _not_normal(cast).any(dim=0) | _not_normal(quotient).any(dim=0) | partial_outside
+    outside = _not_normal(cast, grads).any(dim=0) | _not_normal(quotient, cast).any(dim=0) | partial_outside
     g = grads.double()
     error = (h.double() - g.mean(dim=0)).abs()
     bound = gamma(world + 1) * g.abs().mean(dim=0)

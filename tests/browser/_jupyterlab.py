@@ -206,9 +206,11 @@ def diagnosis(page, lab: JupyterLab) -> str:
 
 #: The notebook's kernel is connected and idle.
 IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
-FIRST_PROMPT_RAN = """() => {
-    const prompt = document.querySelector('.jp-CodeCell .jp-InputPrompt');
-    return prompt !== null && /\\[(\\d+|\\*)\\]/.test(prompt.innerText);
+#: The execution count shown in code cell ``index``'s prompt: ``"1"``, ``"*"`` (queued or running) or ``""`` (not run).
+PROMPT = """(index) => {
+    const prompts = document.querySelectorAll('.jp-CodeCell .jp-InputPrompt');
+    const match = index < prompts.length ? /\\[(\\d+|\\*)\\]/.exec(prompts[index].innerText) : null;
+    return match ? match[1] : "";
 }"""
 
 
@@ -241,17 +243,28 @@ def accept_kernel_dialog(page) -> None:
         dialog.wait_for(state="detached", timeout=10_000)
 
 
-def run_all_cells(page, attempts: int = 3) -> None:
-    """Run All once the kernel is idle, and retry if no cell starts: a Run All sent while the
-    session is still connecting walks through the cells without executing any of them."""
+def run_all_cells(page, reaches: int = -1, attempts: int = 3, timeout_s: float = 180) -> None:
+    """Run All once the kernel is idle, and wait until code cell ``reaches`` (default: the last) has run; retry
+    when the kernel goes idle before that. A Run All sent while the session is still connecting walks through
+    the cells without executing any of them; on a loaded machine JupyterLab once ran the first cell, replaced the
+    kernel, and left the rest unrun (their prompts blank, the new kernel idle) while the first prompt said ``[1]``."""
     for attempt in range(attempts):
         page.wait_for_selector(IDLE, timeout=90_000)
+        page.wait_for_selector(".jp-CodeCell .jp-InputPrompt", timeout=30_000)
+        reaches %= page.locator(".jp-CodeCell").count()
         accept_kernel_dialog(page)
         page.click("li.lm-MenuBar-item:has-text('Run')")
         page.click("li.lm-Menu-item:has-text('Run All Cells')")
-        try:
-            page.wait_for_function(FIRST_PROMPT_RAN, timeout=20_000)
-            return
-        except sync_api.TimeoutError:
-            if attempt == attempts - 1:
-                raise
+        idle_and_unrun = 0
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            prompt = page.evaluate(PROMPT, reaches)
+            if prompt.isdigit():
+                return
+            stalled = prompt == "" and page.locator(IDLE).count() > 0
+            idle_and_unrun = idle_and_unrun + 1 if stalled else 0
+            if idle_and_unrun >= 8:  # two seconds idle with the cell still unrun: Run All did not reach it
+                break
+            time.sleep(0.25)
+        if attempt == attempts - 1:
+            raise AssertionError(f"Run All did not reach code cell {reaches} in {attempts} tries (prompt {prompt!r})")

@@ -91,7 +91,7 @@ def test_ddp_cells_show_each_ranks_output_and_name_the_rank_that_raised(jupyterl
     cells = page.locator(".jp-Notebook .jp-CodeCell")
     try:
         open_notebook(page, jupyterlab)
-        run_all_cells(page)
+        run_all_cells(page, reaches=RAISES_AT)
         cells.nth(RAISES_AT).locator(".jp-OutputArea-output:has-text('DDPCellError')").wait_for(timeout=120_000)
 
         started = outputs(page, 1)
