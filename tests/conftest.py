@@ -61,12 +61,17 @@ def session_members(sid: int) -> set[int]:
     return pids
 
 
-#: The test files that take longest (40 s to over 4 minutes each under ``-n 2``, ``--durations``), longest first.
+#: The test files that take longest (40 s to over 4 minutes each under ``-n 2``, ``--durations``), about longest first.
 #: Under ``pytest -n 2`` (the README's test command) they start first, so that the run does not end with one worker
-#: busy on one of them while the other has nothing left to do.
+#: busy on one of them while the other has nothing left to do. Each worker starts with two files: the first, the
+#: third... on one, the second, the fourth... on the other. test_launch and test_hardening mostly wait for timeouts
+#: to fire (a sampler of /proc/stat found both cores idle for 15-45 s of a run where the two ran side by side):
+#: they go second and fourth, on the worker beside test_other_machines, whose two notebook runs keep both cores busy.
 STARTS_FIRST = (
     "tests/test_other_machines.py",
+    "tests/test_launch.py",
     "tests/test_compile_compat.py",
+    "tests/test_hardening.py",
     "tests/test_emulated_cpu.py",
     "notebooks/08_when_compression_pays_off.ipynb",
     "tests/test_mutations.py",

@@ -4,9 +4,9 @@ Strict nbval (the README's test command) holds on any x86-64 CPU because portabl
 machine that runs native numerics (``COMMHOOKS_LAB_NUMERICS=native``) takes its CPU's own kernels and gets other
 last bits; what it can still check is the tolerant comparison: numbers within the tolerances each notebook states
 (measured with ``scripts/measure_spread.py``), text and integers exactly. The test executes half of the notebooks,
-the other half the next day (``notebooks_to_check``), as such a machine would (``commhooks_lab.testing.machines``:
-AVX2 kernels, or a pre-AVX2 CPU's, alternating), both paths at once (a notebook keeps two cores about 40% busy),
-and runs that check on each.
+the other half the next day (``notebooks_to_check``: halves of about equal seconds), as such a machine would
+(``commhooks_lab.testing.machines``: AVX2 kernels, or a pre-AVX2 CPU's), both paths at once (a notebook keeps two
+cores about 40% busy), each with about half of the seconds, and runs that check on each.
 """
 
 import datetime
@@ -30,6 +30,24 @@ ALL_NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").gl
 #: the whole course a second time took 184-282 s of a 630-815 s suite). Every notebook on every path is what
 #: ``scripts/measure_spread.py`` measures, and the tolerances come from that.
 HALF_VARIABLE = "COMMHOOKS_LAB_OTHER_MACHINES_HALF"
+#: Each notebook's strict nbval run in seconds under ``pytest -n 2`` (``--junitxml``, 2026-12-03), only to balance
+#: the work: the halves were every other notebook, and one held notebooks 4, 6, 8, 10 and 12, twice the other's
+#: seconds (146 s against 73 s), so the suite took about a minute longer every other day.
+SECONDS = {
+    "01_quickstart": 8, "02_anatomy_of_a_hook": 7, "03_fp16_vs_bf16": 6, "04_powersgd": 28, "05_accelerate": 8,
+    "06_dashboard": 15, "07_write_your_own_hook": 7, "08_when_compression_pays_off": 53, "09_precision_at_scale": 11,
+    "10_hooks_in_the_real_world": 40, "11_communicate_less_often": 28, "12_from_lab_to_production": 14,
+    "template_your_lab": 4,
+}  # fmt: skip
+
+
+def groups(notebooks: list[str], n: int) -> list[list[str]]:
+    """``notebooks`` in ``n`` groups of about equal seconds: the longest first, each to the group with the least."""
+    loads = [(0.0, i, []) for i in range(n)]
+    for name in sorted(notebooks, key=lambda nb: (-SECONDS[Path(nb).stem], nb)):
+        load, i, members = min(loads)
+        loads[loads.index((load, i, members))] = (load + SECONDS[Path(name).stem], i, [*members, name])
+    return [sorted(members) for _, _, members in sorted(loads, key=lambda g: g[1])]
 
 
 def notebooks_to_check() -> list[str]:
@@ -38,20 +56,23 @@ def notebooks_to_check() -> list[str]:
         return ALL_NOTEBOOKS
     if half not in ("0", "1"):
         raise ValueError(f"{HALF_VARIABLE}={half!r}: use 0, 1 or all")
-    return ALL_NOTEBOOKS[int(half) :: 2]
+    return groups(ALL_NOTEBOOKS, 2)[int(half)]
 
 
-def test_the_halves_cover_every_notebook(monkeypatch):
+def test_every_notebook_has_its_seconds_and_the_halves_cover_every_notebook(monkeypatch):
+    assert {Path(nb).stem for nb in ALL_NOTEBOOKS} == set(SECONDS), "give a new notebook its seconds in SECONDS"
     halves = []
     for half in ("0", "1"):
         monkeypatch.setenv(HALF_VARIABLE, half)
         halves.append(notebooks_to_check())
     assert sorted(halves[0] + halves[1]) == ALL_NOTEBOOKS and not set(halves[0]) & set(halves[1])
+    loads = [sum(SECONDS[Path(nb).stem] for nb in h) for h in halves]
+    assert max(loads) - min(loads) <= max(SECONDS.values()) / 2, loads
 
 
 def test_the_notebooks_pass_the_tolerant_check_on_two_other_kernel_paths():
     notebooks = notebooks_to_check()
-    share = {path: notebooks[i :: len(machines.PORTABLE_PATHS)] for i, path in enumerate(machines.PORTABLE_PATHS)}
+    share = dict(zip(machines.PORTABLE_PATHS, groups(notebooks, len(machines.PORTABLE_PATHS))))
     assert sorted(n for names in share.values() for n in names) == notebooks
     runs = {
         path: subprocess.Popen(
