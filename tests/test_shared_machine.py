@@ -333,3 +333,33 @@ def test_another_account_cannot_fill_a_ranks_file_descriptors(two_accounts):
     _same_run_every_time(runs["runs"])
     assert runs["starts"] == 1 and runs["fds_after"] is not None, "a rank died under the attack"
     assert max(runs["fds_before"] + runs["fds_after"]) <= 64, (runs["fds_before"], runs["fds_after"])
+
+
+def test_a_rendezvous_folder_whose_owner_was_killed_goes_at_the_next_rendezvous(tmp_path, monkeypatch):
+    """nbval and JupyterLab end kernels with SIGKILL, which no atexit survives: the suite left 40 folders a run in
+    the temp folder. The next rendezvous removes those whose owner is gone, and only those."""
+    from commhooks_lab.launcher import store
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead_owner = store._identity(child.pid)
+    child.kill()
+    child.wait()
+    folders = {name: tmp_path / f"{store.PREFIX}{name}" for name in ("killed", "alive", "reused", "new", "old")}
+    for folder in folders.values():
+        folder.mkdir(mode=0o700)
+    (folders["killed"] / store.OWNER).write_text(dead_owner)
+    (folders["alive"] / store.OWNER).write_text(store._identity(os.getpid()))
+    (folders["reused"] / store.OWNER).write_text(f"{os.getpid()} 12.000")  # this pid, another start time
+    old = time.time() - store.UNOWNED_AGE_S - 60
+    os.utime(folders["old"], (old, old))
+    (tmp_path / "someone-elses-folder").mkdir()
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    rendezvous = store.PrivateRendezvous()
+    try:
+        left = {p.name for p in tmp_path.iterdir()} - {Path(rendezvous.folder).name}
+        assert left == {folders["alive"].name, folders["new"].name, "someone-elses-folder"}
+        assert (Path(rendezvous.folder) / store.OWNER).read_text() == store._identity(os.getpid())
+    finally:
+        rendezvous.close()

@@ -28,14 +28,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_agents(target: list[str], timeout: float = 150) -> list[subprocess.CompletedProcess]:
-    """Run ``torchrun ... target`` as node 0 and node 1 on 127.0.0.1; end both sessions on a timeout."""
+def _two_agents(target: list[str], per_node: int = PER_NODE, timeout: float = 150) -> list[subprocess.CompletedProcess]:
+    """Run ``torchrun ... target`` as node 0 and node 1 on 127.0.0.1, ``per_node`` ranks each; end both sessions
+    on a timeout."""
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     port = _free_port()
     env = {**os.environ, **child_environment(), "PYTHONUNBUFFERED": "1"}
     agents = [
         subprocess.Popen(
-            [torchrun, "--nnodes", str(NODES), "--nproc-per-node", str(PER_NODE), "--node-rank", str(node)]
+            [torchrun, "--nnodes", str(NODES), "--nproc-per-node", str(per_node), "--node-rank", str(node)]
             + ["--master-addr", "127.0.0.1", "--master-port", str(port), *target],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -116,16 +117,20 @@ SCRIPT = """
 
 
 def test_two_agents_run_a_user_function_through_launch_from_env(tmp_path):
+    """Two ranks per node: what this test checks (ranks, local ranks, one process each, the all-reduce) holds at any
+    size, and the ten ranks of the test above cost each of their ten interpreters' start-up again."""
+    per_node = 2
+    world_size = NODES * per_node
     script = tmp_path / "my_job.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    node0, node1 = _two_agents([str(script)])
+    node0, node1 = _two_agents([str(script)], per_node=per_node)
     assert node0.returncode == 0, node0.stderr[-3000:]
     assert node1.returncode == 0, node1.stderr[-3000:]
     assert node1.stdout.strip() == ""  # values come back on rank 0 only
     rows = json.loads(node0.stdout.strip().splitlines()[-1])
-    assert [r["rank"] for r in rows] == list(range(WORLD_SIZE))
-    assert {r["world_size"] for r in rows} == {WORLD_SIZE}
-    assert [r["local_rank"] for r in rows] == list(range(PER_NODE)) * NODES
+    assert [r["rank"] for r in rows] == list(range(world_size))
+    assert {r["world_size"] for r in rows} == {world_size}
+    assert [r["local_rank"] for r in rows] == list(range(per_node)) * NODES
     assert {(r["backend"], r["device"]) for r in rows} == {("gloo", "cpu")}
-    assert {r["sum"] for r in rows} == {WORLD_SIZE * (WORLD_SIZE + 1) / 2}
-    assert len({r["pid"] for r in rows}) == WORLD_SIZE
+    assert {r["sum"] for r in rows} == {world_size * (world_size + 1) / 2}
+    assert len({r["pid"] for r in rows}) == world_size

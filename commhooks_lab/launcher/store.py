@@ -15,10 +15,50 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 
 __all__ = ["PrivateRendezvous"]
 
 PREFIX = "commhooks-rendezvous-"
+#: The file in each folder that names the process that made it: its pid and its start time (pids are reused).
+OWNER = "owner"
+#: A folder without an owner file (made before there was one) goes once it is this old.
+UNOWNED_AGE_S = 24 * 3600.0
+
+
+def _identity(pid: int) -> str | None:
+    """``pid`` and its start time, or None when no such process runs."""
+    import psutil
+
+    try:
+        return f"{pid} {psutil.Process(pid).create_time():.3f}"
+    except psutil.Error:
+        return None
+
+
+def _abandoned(folder: str) -> bool:
+    """Did the process that made ``folder`` end without removing it?"""
+    try:
+        with open(os.path.join(folder, OWNER)) as f:
+            owner = f.read().strip()
+    except FileNotFoundError:
+        return time.time() - os.stat(folder).st_mtime > UNOWNED_AGE_S
+    except OSError:
+        return False
+    pid = owner.split()[0]
+    return not pid.isdigit() or _identity(int(pid)) != owner
+
+
+def remove_abandoned(parent: str) -> list[str]:
+    """Remove this account's rendezvous folders in ``parent`` whose owner is gone; returns what went."""
+    gone = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(parent):
+            if entry.name.startswith(PREFIX) and entry.is_dir(follow_symlinks=False):
+                if entry.stat(follow_symlinks=False).st_uid == os.getuid() and _abandoned(entry.path):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                    gone.append(entry.path)
+    return gone
 
 
 def no_one_else_can_move(path: str) -> bool:
@@ -66,11 +106,15 @@ class PrivateRendezvous:
     """Where this Cluster's ranks meet: the path of a FileStore in a folder only its owner can enter."""
 
     def __init__(self) -> None:
-        self.folder = tempfile.mkdtemp(prefix=PREFIX, dir=_private_parent())  # mode 0700, a name nobody chose
+        parent = _private_parent()
+        remove_abandoned(parent)
+        self.folder = tempfile.mkdtemp(prefix=PREFIX, dir=parent)  # mode 0700, a name nobody chose
         mode = stat.S_IMODE(os.stat(self.folder).st_mode)
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             self.close()
             raise PermissionError(f"{self.folder} is open to other accounts (mode {mode:o}); refusing to rendezvous")
+        with open(os.path.join(self.folder, OWNER), "w") as f:
+            f.write(_identity(os.getpid()) or str(os.getpid()))
         self.path = os.path.join(self.folder, "store")
 
     def close(self) -> None:

@@ -17,8 +17,9 @@ and the ring adds W values with W-1 roundings (Higham, Accuracy and Stability of
 2nd ed., eq. 4.4: |error| <= gamma_{W-1} sum_r |y_r|), so per element
 |h - mean| <= gamma_{W+1} * sum_r |g_r| / W, with gamma_n = n u / (1 - n u), as long as nothing
 overflows and no cast or quotient of a nonzero value falls below the smallest normal number
-(subnormal, or flushed to zero); an addition with a subnormal result is exact. The norm of that vector over the norm of the mean is
-the ``bound`` row. It grows with W and with cancellation; measured errors sit far below it.
+(subnormal, or flushed to zero); an addition with a subnormal result is exact. The norm of that
+vector over the norm of the mean is the ``bound`` row. It grows with W and with cancellation;
+measured errors sit far below it.
 :func:`ring_bound_check` checks the bound element by element, and where a value underflows (float16
 does, on these gradients) it adds the model's absolute underflow term.
 """
