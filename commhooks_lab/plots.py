@@ -452,7 +452,8 @@ def accuracy_over_time(results: Iterable[Result], target: float | None = None, t
         ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target accuracy {target:g}")
     ax.set(xscale="log", xlabel="training time, rank 0 (s, log; evaluation left out)", ylabel="test accuracy",
            title=title or "Accuracy over training time")  # fmt: skip
-    ax.legend(fontsize="small", loc="lower right")
+    # beside the axes: the curves' places move with each run's timings, so no corner inside stays empty
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, alpha=0.3)
     return fit_titles(fig)
 

@@ -61,3 +61,26 @@ def test_show_raises_naming_the_problem(monkeypatch):
     tidy()
     plt.show()  # a tidy figure is shown
     plt.close("all")
+
+
+@pytest.mark.parametrize("last_ready", [0.2, 0.9, 0.99])
+def test_the_bucket_timeline_reads_at_a_glance_wherever_the_timings_put_its_lines(last_ready):
+    """Its lines' places move with each run's timings (a CI run's put one under an inside legend)."""
+    import pandas as pd
+
+    from commhooks_lab.studies import overlap
+
+    rows = [
+        {
+            "hook": hook,
+            "rank": 0,
+            "repeat": 0,
+            "ready": ready,
+            "returned": ready + 0.005,
+            "done": ready + 0.01,
+            "end": last_ready + 0.01,
+        }
+        for hook in ("allreduce", "fp16")
+        for ready in np.linspace(0.0, last_ready, 6)
+    ]
+    assert whats(overlap.plot_timeline(pd.DataFrame(rows))) == []
