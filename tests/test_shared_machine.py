@@ -344,12 +344,15 @@ def test_a_rendezvous_folder_whose_owner_was_killed_goes_at_the_next_rendezvous(
     dead_owner = store._identity(child.pid)
     child.kill()
     child.wait()
-    folders = {name: tmp_path / f"{store.PREFIX}{name}" for name in ("killed", "alive", "reused", "new", "old")}
+    folders = {
+        name: tmp_path / f"{store.PREFIX}{name}" for name in ("killed", "alive", "reused", "new", "old", "opening")
+    }
     for folder in folders.values():
         folder.mkdir(mode=0o700)
     (folders["killed"] / store.OWNER).write_text(dead_owner)
     (folders["alive"] / store.OWNER).write_text(store._identity(os.getpid()))
     (folders["reused"] / store.OWNER).write_text(f"{os.getpid()} 12.000")  # this pid, another start time
+    (folders["opening"] / store.OWNER).write_text("")  # as a CI run's sweep found one: opened, not yet written
     old = time.time() - store.UNOWNED_AGE_S - 60
     os.utime(folders["old"], (old, old))
     (tmp_path / "someone-elses-folder").mkdir()
@@ -359,7 +362,7 @@ def test_a_rendezvous_folder_whose_owner_was_killed_goes_at_the_next_rendezvous(
     rendezvous = store.PrivateRendezvous()
     try:
         left = {p.name for p in tmp_path.iterdir()} - {Path(rendezvous.folder).name}
-        assert left == {folders["alive"].name, folders["new"].name, "someone-elses-folder"}
+        assert left == {folders["alive"].name, folders["new"].name, folders["opening"].name, "someone-elses-folder"}
         assert (Path(rendezvous.folder) / store.OWNER).read_text() == store._identity(os.getpid())
     finally:
         rendezvous.close()

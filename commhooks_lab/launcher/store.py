@@ -45,6 +45,8 @@ def _abandoned(folder: str) -> bool:
         return time.time() - os.stat(folder).st_mtime > UNOWNED_AGE_S
     except OSError:
         return False
+    if not owner:  # written by a replace, so empty only if made so by hand: judged by its age, as unowned ones
+        return time.time() - os.stat(folder).st_mtime > UNOWNED_AGE_S
     pid = owner.split()[0]
     return not pid.isdigit() or _identity(int(pid)) != owner
 
@@ -113,8 +115,11 @@ class PrivateRendezvous:
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             self.close()
             raise PermissionError(f"{self.folder} is open to other accounts (mode {mode:o}); refusing to rendezvous")
-        with open(os.path.join(self.folder, OWNER), "w") as f:
+        # written aside, then renamed: another Cluster's sweep never reads a half-written owner (a CI run's read
+        # an empty one, between the open and the write)
+        with open(os.path.join(self.folder, OWNER + ".new"), "w") as f:
             f.write(_identity(os.getpid()) or str(os.getpid()))
+        os.replace(os.path.join(self.folder, OWNER + ".new"), os.path.join(self.folder, OWNER))
         self.path = os.path.join(self.folder, "store")
 
     def close(self) -> None:
