@@ -42,10 +42,10 @@ def _abandoned(folder: str) -> bool:
         with open(os.path.join(folder, OWNER)) as f:
             owner = f.read().strip()
     except FileNotFoundError:
-        return time.time() - os.stat(folder).st_mtime > UNOWNED_AGE_S
+        owner = ""
     except OSError:
         return False
-    if not owner:  # written by a replace, so empty only if made so by hand: judged by its age, as unowned ones
+    if not owner:  # none (made before there was one) or empty (made so by hand): judged by its age
         return time.time() - os.stat(folder).st_mtime > UNOWNED_AGE_S
     pid = owner.split()[0]
     return not pid.isdigit() or _identity(int(pid)) != owner
@@ -117,9 +117,10 @@ class PrivateRendezvous:
             raise PermissionError(f"{self.folder} is open to other accounts (mode {mode:o}); refusing to rendezvous")
         # written aside, then renamed: another Cluster's sweep never reads a half-written owner (a CI run's read
         # an empty one, between the open and the write)
-        with open(os.path.join(self.folder, OWNER + ".new"), "w") as f:
+        owner = os.path.join(self.folder, OWNER)
+        with open(owner + ".new", "w") as f:
             f.write(_identity(os.getpid()) or str(os.getpid()))
-        os.replace(os.path.join(self.folder, OWNER + ".new"), os.path.join(self.folder, OWNER))
+        os.replace(owner + ".new", owner)
         self.path = os.path.join(self.folder, "store")
 
     def close(self) -> None:
