@@ -99,28 +99,51 @@ def test_main_job_compares_hooks_and_writes_its_outputs(tmp_path):
     assert len(commhooks_lab.load(tmp_path / "results")) == 7
 
 
-def test_main_job_reports_bad_options_without_a_traceback():
-    out = _run([sys.executable, "-m", "commhooks_lab", "--hooks", "fp61", "--quiet", "--out", ""])
-    assert out.returncode == 2
-    assert "did you mean 'fp16'" in out.stderr and "Traceback" not in out.stderr
+def _main_in_process(argv: list[str], capsys) -> tuple[int, str, str]:
+    """``python -m commhooks_lab`` without the interpreter: for refusals that argument checks make, where a
+    subprocess would add only its seconds of torch import."""
+    from commhooks_lab.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    out = capsys.readouterr()
+    return stop.value.code, out.out, out.err
+
+
+def test_main_job_reports_bad_options_without_a_traceback(capsys):
+    code, _, err = _main_in_process(["--hooks", "fp61", "--quiet", "--out", ""], capsys)
+    assert code == 2 and "did you mean 'fp16'" in err
 
 
 @pytest.mark.parametrize(
-    "args, env, says",
+    "args, says",
     [
-        (["--out", "/proc/x"], {}, "--out /proc/x: cannot write the results there"),
-        (["--out", "{file}"], {}, "cannot write the results there (Not a directory)"),
-        (["--model", "os:getcwd"], {}, "model factory os:getcwd cannot be called as factory(seed) -> Task"),
-        ([], {"COMMHOOKS_LAB_SEED_SET": "abc"}, "COMMHOOKS_LAB_SEED_SET='abc': use a whole number"),
-        ([], {"COMMHOOKS_LAB_NUMERICS": "bogus"}, "COMMHOOKS_LAB_NUMERICS='bogus': use one of"),
+        (["--out", "/proc/x"], "--out /proc/x: cannot write the results there"),
+        (["--out", "{file}"], "cannot write the results there (Not a directory)"),
+        (["--model", "os:getcwd"], "model factory os:getcwd cannot be called as factory(seed) -> Task"),
     ],
 )
-def test_main_job_refuses_a_bad_out_model_or_environment_before_it_runs(args, env, says, tmp_path):
-    """Each used to end in a traceback: at import, after the ranks started, or after the whole comparison."""
+def test_main_job_refuses_a_bad_out_or_model_before_it_runs(args, says, tmp_path, capsys):
+    """Each used to end in a traceback, after the ranks started or after the whole comparison."""
     (tmp_path / "a_file").write_text("not a folder")
     args = [arg.format(file=tmp_path / "a_file") for arg in args]
+    code, out, err = _main_in_process(["--hooks", "fp16", "--steps", "2", "--quiet", "--out", str(tmp_path), *args],
+                                      capsys)  # fmt: skip
+    assert code == 2 and says in err, err[-2000:]
+    assert "ranks ready" not in out and not (tmp_path / "summary.csv").exists()
+
+
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        ({"COMMHOOKS_LAB_SEED_SET": "abc"}, "COMMHOOKS_LAB_SEED_SET='abc': use a whole number"),
+        ({"COMMHOOKS_LAB_NUMERICS": "bogus"}, "COMMHOOKS_LAB_NUMERICS='bogus': use one of"),
+    ],
+)
+def test_main_job_refuses_a_bad_environment_before_it_runs(env, says, tmp_path):
+    """A fresh interpreter: the package reads these variables from its import on, and used to end in a traceback."""
     out = _run([sys.executable, "-m", "commhooks_lab", "--hooks", "fp16", "--steps", "2", "--quiet", "--out",
-                str(tmp_path), *args], env={**os.environ, **env})  # fmt: skip
+                str(tmp_path)], env={**os.environ, **env})  # fmt: skip
     assert out.returncode == 2, out.stderr[-2000:]
     assert says in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert "ranks ready" not in out.stdout and not (tmp_path / "summary.csv").exists()

@@ -232,12 +232,15 @@ def test_a_run_in_which_a_rank_never_joins_the_hooks_collective_names_it(stall_e
     assert "no rank has gone past step 2 for 1 s" in capsys.readouterr().err
 
 
-def test_a_busy_rank_that_says_it_is_alive_is_not_timed_out_and_one_that_says_nothing_is(capfd):
+def test_a_busy_rank_that_says_it_is_alive_is_not_timed_out_and_one_that_says_nothing_is(capfd, monkeypatch):
     """ctx.alive() (what a compiling rank sends) restarts the silence timeout and claims no step, so the notebook
     prints no stall report; the same wait without it ends in a WorkerTimeoutError."""
-    from commhooks_lab.launcher.cluster import WATCHDOG_MARGIN_S
+    from commhooks_lab.launcher import cluster
 
-    seconds, timeout_s = 2 + WATCHDOG_MARGIN_S + 4, 2
+    # The parent's watchdog margin is there for gloo's own timeout to report first; no collective runs here, so
+    # a short one tests the same deadline in half the time.
+    monkeypatch.setattr(cluster, "WATCHDOG_MARGIN_S", 1.0)
+    seconds, timeout_s = 2 + cluster.WATCHDOG_MARGIN_S + 2.5, 2
     assert launch(_launcher_workers.busy_then_answer, seconds, 0.5, True, world_size=2, timeout_s=timeout_s) == [
         "done",
         "done",
@@ -247,10 +250,11 @@ def test_a_busy_rank_that_says_it_is_alive_is_not_timed_out_and_one_that_says_no
         launch(_launcher_workers.busy_then_answer, seconds, 0.5, False, world_size=2, timeout_s=timeout_s)
 
 
-def test_heartbeats_extend_the_timeout_of_a_long_run():
-    from commhooks_lab.launcher.cluster import WATCHDOG_MARGIN_S
+def test_heartbeats_extend_the_timeout_of_a_long_run(monkeypatch):
+    from commhooks_lab.launcher import cluster
 
-    steps, seconds, timeout_s = 12, 0.75, 2
-    assert steps * seconds > timeout_s + WATCHDOG_MARGIN_S + seconds  # longer than any deadline without beats
+    monkeypatch.setattr(cluster, "WATCHDOG_MARGIN_S", 1.0)  # as in the test above: a shorter deadline to outlast
+    steps, seconds, timeout_s = 7, 0.75, 2
+    assert steps * seconds > timeout_s + cluster.WATCHDOG_MARGIN_S + seconds  # longer than any deadline without beats
     rows = launch(_launcher_workers.beat_slowly, steps, seconds, world_size=2, timeout_s=timeout_s)
     assert rows == [steps, steps]
