@@ -25,7 +25,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """The site, built as CI builds it (warnings are errors), served on a free local port."""
+    """The site, built by scripts/build_site.py (warnings are errors: CI has no other build), served on a free
+    local port."""
     out = tmp_path_factory.mktemp("site")
     built = subprocess.run(
         [sys.executable, "scripts/build_site.py", "--out", str(out)], cwd=ROOT, capture_output=True, text=True
