@@ -105,8 +105,8 @@ def _train(ctx, config: ExperimentConfig, choice: HookChoice) -> dict:
         record.update(step=step, step_time_s=time.perf_counter() - start)
         if nonfinite is None:
             nonfinite = _nonfinite_note(step, loss, task.model, config)
-        if task.test is not None and config.eval_every and (step + 1) % config.eval_every == 0:
-            record["accuracy"] = accuracy(task.model, task.test, ctx.device)
+        if ctx.is_main and task.test is not None and config.eval_every and (step + 1) % config.eval_every == 0:
+            record["accuracy"] = accuracy(task.model, task.test, ctx.device)  # only rank 0's records are kept
         measured = len(steps)
         if config.live or probe.should_flush() or config.checkpoint_at == step + 1:
             flush(final=False)  # the same numbers whenever it runs: each step is measured on its own
