@@ -366,6 +366,18 @@ class Cluster:
             self.teardown_notes += _shutdown(self._procs, self._conns, self._store, self._logs, graceful)
         self._finalizer = None
 
+    def sibling(self) -> Cluster:
+        """Another set of ranks made like this one (world size, backend, timeout, link, start method, environment),
+        started now: its runs give the same numbers as this one's."""
+        return Cluster(
+            self.world_size,
+            backend=self.backend,
+            timeout_s=self.timeout_s,
+            start_method=self.start_method,
+            env=self.env,
+            link=self.link,
+        )
+
     def close(self) -> None:
         """Stop every rank and reap it; safe to call twice."""
         self._stop(graceful=True)

@@ -16,9 +16,11 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from ..experiment import compare
+from ..engine.config import ExperimentConfig
+from ..experiment import as_config, compare
 from ..hooks.powersgd import SHORT_RUN_START
 from ..result import Result, ResultSet
+from .side_by_side import compare_side_by_side, ranks_side_by_side
 
 __all__ = ["convergence_study", "convergence_summary", "diverged", "headroom_study", "payoff_lineup", "power_sgd"]
 
@@ -78,16 +80,25 @@ def convergence_study(
     model: str = "cnn",
     eval_every: int = 10,
     lineup: list | None = None,
+    side_by_side: int = 1,
     **changes,
 ) -> ResultSet:
     """Every hook of ``lineup`` (default :func:`payoff_lineup`) once per seed: seed changes the model's
-    initial weights, the train/test split and the batch order, the same for every hook."""
+    initial weights, the train/test split and the batch order, the same for every hook.
+
+    ``side_by_side=2`` shares the runs out over two sets of ranks at once (``cluster`` or the session's, and
+    one more started for the study): the same results, in the same order, sooner where the ranks would
+    otherwise wait (:mod:`.side_by_side`).
+    """
     changes.setdefault("measure", False)
+    cluster, fresh = changes.pop("cluster", None), changes.pop("fresh", False)
     items = payoff_lineup() if lineup is None else lineup
-    results = ResultSet()
-    for seed in seeds:
-        results.extend(compare(items, steps=steps, model=model, eval_every=eval_every, seed=seed, **changes))
-    return results
+    base = ExperimentConfig().replace(steps=steps, model=model, eval_every=eval_every, **changes)
+    configs = [as_config(item, base.replace(seed=seed)) for seed in seeds for item in items]
+    if side_by_side == 1:
+        return compare(configs, cluster=cluster, fresh=fresh)
+    with ranks_side_by_side(cluster, side_by_side, base, fresh=fresh) as clusters:
+        return compare_side_by_side(configs, clusters)
 
 
 def diverged(result: Result, window: int = 10) -> bool:
