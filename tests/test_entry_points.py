@@ -64,9 +64,15 @@ def test_main_job_selfcheck_prints_the_agreed_value():
     assert "3 ranks (gloo)" in out.stdout and "[6.0, 6.0, 6.0], expected 6: OK" in out.stdout
 
 
-def test_the_same_worker_runs_under_torchrun():
+def in_tmp(tmp_path) -> dict:
+    """Our environment with TMPDIR in the test's own folder: torchrun's agent leaves a torchelastic_* folder behind in
+    it, which pytest removes with the folder."""
+    return {**os.environ, "TMPDIR": str(tmp_path)}
+
+
+def test_the_same_worker_runs_under_torchrun(tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    out = _run([torchrun, "--nproc-per-node", "2", "-m", "commhooks_lab", "selfcheck"])
+    out = _run([torchrun, "--nproc-per-node", "2", "-m", "commhooks_lab", "selfcheck"], env=in_tmp(tmp_path))
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("self-check") == 1  # rank 0 alone reports
     assert "[3.0, 3.0], expected 3: OK" in out.stdout
@@ -154,7 +160,7 @@ def test_an_unknown_prewarm_setting_is_named_and_starts_nothing():
     assert out.returncode == 0 and "COMMHOOKS_LAB_PREWARM='maybe' is not a setting" in out.stderr
 
 
-def test_main_job_runs_under_torchrun():
+def test_main_job_runs_under_torchrun(tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     out = _run(
         [
@@ -170,7 +176,8 @@ def test_main_job_runs_under_torchrun():
             "3",
             "--out",
             "",
-        ]
+        ],
+        env=in_tmp(tmp_path),
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("2 hooks, 2 ranks, 3 steps") == 1

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from conftest import session_members, wait_gone
@@ -28,12 +29,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_agents(target: list[str], per_node: int = PER_NODE, timeout: float = 150) -> list[subprocess.CompletedProcess]:
+def _two_agents(
+    target: list[str], tmp: Path, per_node: int = PER_NODE, timeout: float = 150
+) -> list[subprocess.CompletedProcess]:
     """Run ``torchrun ... target`` as node 0 and node 1 on 127.0.0.1, ``per_node`` ranks each; end both sessions
-    on a timeout."""
+    on a timeout. TMPDIR is ``tmp``: each agent leaves a torchelastic_* folder behind there, removed with it."""
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     port = _free_port()
-    env = {**os.environ, **child_environment(), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **child_environment(), "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp)}
     agents = [
         subprocess.Popen(
             [torchrun, "--nnodes", str(NODES), "--nproc-per-node", str(per_node), "--node-rank", str(node)]
@@ -62,9 +65,9 @@ def _two_agents(target: list[str], per_node: int = PER_NODE, timeout: float = 15
     return outputs
 
 
-def test_two_agents_run_the_main_job_with_world_size_10():
+def test_two_agents_run_the_main_job_with_world_size_10(tmp_path):
     node0, node1 = _two_agents(
-        ["-m", "commhooks_lab", "--hooks", "fp16", "power_sgd", "--steps", "3", "--quiet", "--out", ""]
+        ["-m", "commhooks_lab", "--hooks", "fp16", "power_sgd", "--steps", "3", "--quiet", "--out", ""], tmp_path
     )
     assert node0.returncode == 0, node0.stderr[-3000:]
     assert node1.returncode == 0, node1.stderr[-3000:]
@@ -123,7 +126,7 @@ def test_two_agents_run_a_user_function_through_launch_from_env(tmp_path):
     world_size = NODES * per_node
     script = tmp_path / "my_job.py"
     script.write_text(textwrap.dedent(SCRIPT))
-    node0, node1 = _two_agents([str(script)], per_node=per_node)
+    node0, node1 = _two_agents([str(script)], tmp_path, per_node=per_node)
     assert node0.returncode == 0, node0.stderr[-3000:]
     assert node1.returncode == 0, node1.stderr[-3000:]
     assert node1.stdout.strip() == ""  # values come back on rank 0 only
