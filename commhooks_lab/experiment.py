@@ -17,7 +17,7 @@ from .launcher.link import as_link, link_notes
 from .launcher.torchrun import launch_from_env, under_torchrun
 from .result import Result, ResultSet, from_ranks
 
-__all__ = ["as_config", "assemble_result", "compare", "DEFAULT_COMPARISON", "run"]
+__all__ = ["as_config", "as_configs", "assemble_result", "compare", "DEFAULT_COMPARISON", "run"]
 
 #: The main job's line-up: every built-in hook, PowerSGD made to compress within a short run.
 DEFAULT_COMPARISON: list[Any] = [
@@ -42,6 +42,16 @@ def as_config(item: Any, base: ExperimentConfig) -> ExperimentConfig:
     if isinstance(item, dict):
         return base.replace(**item)
     return base.replace(hook=item)
+
+
+def as_configs(items: Iterable[Any], base: ExperimentConfig | None, caller: str, **changes) -> list[ExperimentConfig]:
+    """A line-up as configs, each item read by :func:`as_config` against ``base`` with ``changes``; an empty one
+    is refused, naming ``caller``."""
+    base = (base or ExperimentConfig()).replace(**changes)
+    configs = [as_config(item, base) for item in items]
+    if not configs:
+        raise ValueError(f"{caller} needs at least one hook or config")
+    return configs
 
 
 def _never_compressed_note(config: ExperimentConfig, choice: HookChoice, result: Result) -> str | None:
@@ -176,10 +186,7 @@ def compare(
     Under torchrun the ranks are given: every rank calls ``compare``, the configs run in its one
     process group (the world size is torchrun's), and rank 0 gets the results, the others ``None``.
     """
-    base = (base or ExperimentConfig()).replace(**changes)
-    configs = [as_config(item, base) for item in (DEFAULT_COMPARISON if items is None else items)]
-    if not configs:
-        raise ValueError("compare needs at least one hook or config")
+    configs = as_configs(DEFAULT_COMPARISON if items is None else items, base, "compare", **changes)
     if under_torchrun():
         return _compare_under_torchrun(configs, cluster, fresh)  # type: ignore[return-value]
     choices = [config.check() for config in configs]

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..engine.config import ExperimentConfig
-from ..experiment import as_config, compare
+from ..experiment import _Ranks, as_configs, compare
 from ..launcher import Cluster
 from ..result import ResultSet
 
@@ -34,10 +34,7 @@ def compare_side_by_side(items: Sequence[Any], clusters: Sequence[Cluster], **ch
     sizes = {c.world_size for c in clusters}
     if len(sizes) > 1:
         raise ValueError(f"every cluster must have the same world size, got {sorted(sizes)}")
-    base = ExperimentConfig().replace(**changes)
-    configs = [as_config(item, base) for item in items]
-    if not configs:
-        raise ValueError("compare_side_by_side needs at least one hook or config")
+    configs = as_configs(items, None, "compare_side_by_side", **changes)
     for config in configs:
         config.check()
     results: list = [None] * len(configs)
@@ -73,16 +70,7 @@ def ranks_side_by_side(cluster: Cluster | None, count: int, config: ExperimentCo
     and ``count - 1`` more made like it for the moment; the ones made here are closed at the end."""
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ValueError(f"side_by_side must be a whole number of sets of ranks, 1 or more; got {count!r}")
-    if cluster is not None and fresh:
-        raise ValueError("pass either cluster= (run on those ranks) or fresh=True (start new ranks), not both")
     with contextlib.ExitStack() as stack:
-        if fresh:
-            cluster = stack.enter_context(
-                Cluster(config.world_size, backend=config.backend, timeout_s=config.timeout_s, link=config.link)
-            )
-        elif cluster is None:
-            from ..launcher import session
-
-            cluster = session.get_cluster(config.world_size, config.backend, config.timeout_s, link=config.link)
+        cluster = _Ranks(cluster, fresh, stack).for_config(config)  # yours, the session's, or a fresh one closed here
         extra = [stack.enter_context(cluster.sibling()) for _ in range(count - 1)]
         yield [cluster, *extra]
