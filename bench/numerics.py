@@ -7,9 +7,10 @@ process tree are fixed when it imports the lab), interleaved portable, pre-avx2,
 noise hits all alike. Step time is the median
 ``step_time_s`` of steps 10-119 of a warm 2-rank run (forward, backward with the hook, optimizer step; a
 millisecond step on two shared cores needs that many for a median that repeats); ``--notebooks`` also
-executes every notebook once per variant in a clean kernel.
+executes every notebook once per variant in a clean kernel. ``--per-library`` adds a variant per library: native
+numerics with only that library's portable setting, to show which cap a row's cost comes from.
 
-    python bench/numerics.py [--repeats 5] [--notebooks]
+    python bench/numerics.py [--repeats 5] [--notebooks] [--per-library]
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ VARIANTS = ("portable", "pre-avx2", "native")
 
 
 def environment(mode: str) -> dict[str, str]:
+    """A variant's environment: a mode, ``pre-avx2``, or one of PORTABLE_VARIABLES alone on native numerics."""
     env = {k: v for k, v in os.environ.items() if k not in PORTABLE_VARIABLES}
     if mode == "pre-avx2":
         return {**env, "COMMHOOKS_LAB_NUMERICS": "native", **PRE_AVX2, "PYTHONPATH": str(ROOT)}
+    if mode in PORTABLE_VARIABLES:
+        return {**env, "COMMHOOKS_LAB_NUMERICS": "native", mode: PORTABLE_VARIABLES[mode], "PYTHONPATH": str(ROOT)}
     return {**env, "COMMHOOKS_LAB_NUMERICS": mode, "PYTHONPATH": str(ROOT)}
 
 
@@ -81,7 +85,7 @@ def _ratio(times: list[float], native: list[float]) -> str:
 
 def row(name: str, times: dict[str, list[float]], unit: str) -> str:
     medians = " ".join(f"{statistics.median(times[v]):10.3f}" for v in VARIANTS)
-    ratios = "  ".join(_ratio(times[v], times["native"]) for v in ("portable", "pre-avx2"))
+    ratios = "  ".join(_ratio(times[v], times["native"]) for v in times if v != "native")
     return f"{name:34} {medians} {unit:3}  {ratios}"
 
 
@@ -89,11 +93,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--notebooks", action="store_true", help="also time every notebook (minutes)")
+    parser.add_argument(
+        "--per-library", action="store_true", help="also step times with one library's portable setting alone"
+    )
     args = parser.parse_args()
     names = " ".join(f"{v:>10}" for v in VARIANTS)
-    print(f"{'':34} {names}      portable / native (min-max)  pre-avx2 / native")
+    alone = list(PORTABLE_VARIABLES) if args.per_library else []
+    print(f"{'':34} {names}      portable / native (min-max)  pre-avx2 / native", *(f"{v} / native" for v in alone))
     for case in CASES:
-        times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        times: dict[str, list[float]] = {v: [] for v in (*VARIANTS, *alone)}
         for _ in range(args.repeats):
             for mode in times:
                 times[mode].append(1e3 * step_time(mode, case))
