@@ -106,6 +106,18 @@ class JupyterLab:
                 return None
             raise
 
+    def start_session(self) -> str:
+        """Start the notebook's session and kernel (POST /api/sessions, as JupyterLab does); the kernel's id."""
+        body = {"path": self.notebook, "name": self.notebook, "type": "notebook", "kernel": {"name": "python3"}}
+        request = urllib.request.Request(
+            f"{self.base}/api/sessions?token={self.token}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return json.load(r)["kernel"]["id"]
+
 
 @contextlib.contextmanager
 def running_jupyterlab(tmp_path: Path, notebook: Path, name: str) -> Iterator[JupyterLab]:
@@ -227,25 +239,24 @@ PROMPT = """(index) => {
 
 
 def open_notebook(page, lab: JupyterLab) -> None:
-    """Open the served notebook and wait until its kernel has settled, then load the page again.
+    """Start the notebook's kernel through the server's REST API, then open the page, which joins that session.
 
-    On a loaded machine JupyterLab once started the notebook's kernel, shut it down and started another within 1.6 s
-    (the server's log showed it), and the dashboard then rendered as its text (``VBox(...)``), as if the page's
-    widget manager had stayed with the first kernel. A page loaded once the one kernel stays joins its session and
-    starts no kernel, so it has nothing to race with.
+    On a loaded machine a page that started the kernel itself once started it, shut it down and started another
+    within 1.6 s (the server's log showed it), and the dashboard then rendered as its text (``VBox(...)``), as if the
+    page's widget manager had stayed with the first kernel. Reloading the page once one kernel stayed fixed that,
+    but a reload, under four busy loops, twice started a second kernel of its own. A page that finds its session
+    already running starts no kernel, so it has nothing to race with; the check below holds it to that.
     """
+    kernel_id = lab.start_session()
     page.goto(lab.url)
     page.wait_for_selector(IDLE, timeout=90_000)
     seen: list[list[str] | None] = []
 
-    def one_kernel_for_two_seconds():
-        seen.append(lab.kernel_ids())  # None (a kernel half started) matches no list, so the two seconds restart
-        return (
-            len(seen) >= 8 and seen[-1] is not None and len(seen[-1]) == 1 and all(ids == seen[-1] for ids in seen[-8:])
-        )
+    def the_kernel_for_two_seconds():
+        seen.append(lab.kernel_ids())  # None (a kernel half started) is not [kernel_id], so the two seconds restart
+        return len(seen) >= 8 and all(ids == [kernel_id] for ids in seen[-8:])
 
-    wait_until(one_kernel_for_two_seconds, 60, "one kernel that stays", poll_s=0.25)
-    page.reload()
+    wait_until(the_kernel_for_two_seconds, 60, f"the session's kernel {kernel_id} alone")
 
 
 def accept_kernel_dialog(page) -> None:
