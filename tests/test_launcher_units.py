@@ -118,3 +118,33 @@ def test_only_the_bootstrap_error_is_explained_as_a_missing_main_guard():
     assert explain_death("Segmentation fault") is None
     text = explain_death("RuntimeError:\n  current process has finished its bootstrapping phase.")
     assert 'if __name__ == "__main__":' in text
+
+
+def test_a_task_whose_pipe_is_closed_mid_write_is_left_unsent_without_a_thread_exception(monkeypatch):
+    """Stopping a rank closes its pipe while its task may still be going out: multiprocessing writes a large
+    message's length, then its body, and a close between the two leaves the second write a handle of None (a
+    TypeError in the sending thread, which a suite run showed as a warning)."""
+    import threading
+    from multiprocessing import Pipe
+
+    from commhooks_lab.launcher.cluster import _Delivery
+
+    raised: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    reader, writer = Pipe(duplex=False)
+    os.set_blocking(writer.fileno(), False)
+    with pytest.raises(BlockingIOError):
+        while True:  # fill the pipe, so the length's write blocks
+            os.write(writer.fileno(), b"f" * 4096)
+    os.set_blocking(writer.fileno(), True)
+    delivery = _Delivery([writer], b"x" * (1 << 20))
+    sending = delivery._threads[0]
+    sending.join(0.5)
+    assert sending.is_alive()  # blocked writing the length
+    writer.close()  # what stopping the rank does
+    while sending.is_alive():  # reading frees room: the length goes out, then the body's write finds no handle
+        if reader.poll(0.05):
+            os.read(reader.fileno(), 1 << 16)
+    reader.close()
+    assert raised == []
+    assert delivery.unsent() == [0]

@@ -117,10 +117,16 @@ class _Delivery:
             thread.start()
 
     def _send(self, rank: int, conn, message: bytes) -> None:
-        with contextlib.suppress(OSError, ValueError):  # the rank died, or we stopped it: the sentinel says which
+        try:
             conn.send_bytes(message)
-            with self._lock:
-                self._unsent.discard(rank)
+        except (OSError, ValueError):  # the rank died, or we stopped it: the sentinel says which
+            return
+        except TypeError:  # stopped between multiprocessing's two writes (length, body): the second had no handle
+            if not conn.closed:
+                raise
+            return
+        with self._lock:
+            self._unsent.discard(rank)
 
     def unsent(self) -> list[int]:
         with self._lock:
