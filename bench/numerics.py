@@ -45,13 +45,15 @@ PRE_AVX2 = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_
 VARIANTS = ("portable", "pre-avx2", "native")
 
 
+#: Variants that run native numerics with some settings forced: the pre-AVX2 tier, and each library's cap alone.
+FORCED = {"pre-avx2": PRE_AVX2, **{name: {name: value} for name, value in PORTABLE_VARIABLES.items()}}
+
+
 def environment(mode: str) -> dict[str, str]:
-    """A variant's environment: a mode, ``pre-avx2``, or one of PORTABLE_VARIABLES alone on native numerics."""
+    """A variant's environment: a mode (portable, native), or a FORCED variant on native numerics."""
     env = {k: v for k, v in os.environ.items() if k not in PORTABLE_VARIABLES}
-    if mode == "pre-avx2":
-        return {**env, "COMMHOOKS_LAB_NUMERICS": "native", **PRE_AVX2, "PYTHONPATH": str(ROOT)}
-    if mode in PORTABLE_VARIABLES:
-        return {**env, "COMMHOOKS_LAB_NUMERICS": "native", mode: PORTABLE_VARIABLES[mode], "PYTHONPATH": str(ROOT)}
+    if mode in FORCED:
+        return {**env, "COMMHOOKS_LAB_NUMERICS": "native", **FORCED[mode], "PYTHONPATH": str(ROOT)}
     return {**env, "COMMHOOKS_LAB_NUMERICS": mode, "PYTHONPATH": str(ROOT)}
 
 
