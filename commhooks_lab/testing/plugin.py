@@ -1,7 +1,9 @@
-"""A pytest plugin on top of nbval: ``--lab-tolerant`` compares notebook numbers within the tolerances they state.
+"""A pytest plugin on top of nbval: machine notes and variants, and ``--lab-tolerant``.
 
-Load it with ``-p commhooks_lab.testing.plugin`` (:func:`commhooks_lab.testing.nbval_args` includes it). Without
-``--lab-tolerant`` it changes nothing: nbval's strict comparison runs as usual. With it, each checked cell is
+Load it with ``-p commhooks_lab.testing.plugin`` (:func:`commhooks_lab.testing.nbval_args` includes it). Always,
+each cell is compared without the machine notes on either side, and with the committed outputs of this kind of
+machine where the cell keeps variants (:mod:`.machine_outputs`). Without ``--lab-tolerant`` nbval's strict
+comparison runs on those. With it, each checked cell is
 compared by :func:`commhooks_lab.testing.notebooks.compare_outputs` (text and integers exactly, other numbers
 within the cell's or notebook's stated tolerance), and the run ends with a table of every number that moved.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from .machine_outputs import reference_outputs, without_notes
 from .notebooks import CellReport, Tolerance, compare_outputs, tolerance_of
 
 __all__: list[str] = []
@@ -30,8 +33,20 @@ def pytest_addoption(parser) -> None:
     )
 
 
+def _this_machines(test, ref, cell_metadata) -> tuple[list, list]:
+    """Both sides without machine notes, and the reference this kind of machine is held to."""
+    return without_notes(test), without_notes(reference_outputs(cell_metadata, ref))
+
+
+def _machine_aware_compare_outputs(self, test, ref, skip_compare=None) -> bool:
+    """nbval's strict ``IPyNbCell.compare_outputs`` on this machine's reference, notes left out."""
+    test, ref = _this_machines(test, ref, self.cell.metadata)
+    return self.config.stash[_SAVED_COMPARE](self, test, ref, skip_compare)
+
+
 def _tolerant_compare_outputs(self, test, ref, skip_compare=None) -> bool:
     """nbval's ``IPyNbCell.compare_outputs``, with the notebook's tolerances instead of character for character."""
+    test, ref = _this_machines(test, ref, self.cell.metadata)
     tolerance = tolerance_of(self.parent.nb.metadata, self.cell.metadata)
     report = compare_outputs(ref, test, tolerance, self.sanitize, cell=self.cell_num)
     self.user_properties.append((_PROPERTY, _summary_line(self.nodeid, tolerance, report)))
@@ -80,15 +95,18 @@ class _Summary:
 
 
 def pytest_configure(config) -> None:
-    if not config.getoption("lab_tolerant", False):
-        return
-    if not config.getoption("nbval", False):
+    tolerant = config.getoption("lab_tolerant", False)
+    if tolerant and not config.getoption("nbval", False):
         raise pytest.UsageError("--lab-tolerant goes with --nbval")
-    from nbval import plugin as nbval_plugin
-
-    config.pluginmanager.register(_Summary(), "commhooks_lab-tolerant-summary")
+    try:
+        from nbval import plugin as nbval_plugin
+    except ImportError:  # nbval is a test extra: without it there is nothing to compare
+        return
+    if tolerant:
+        config.pluginmanager.register(_Summary(), "commhooks_lab-tolerant-summary")
     config.stash[_SAVED_COMPARE] = nbval_plugin.IPyNbCell.compare_outputs
-    nbval_plugin.IPyNbCell.compare_outputs = _tolerant_compare_outputs  # nbval has no hook for it
+    # nbval has no hook for the comparison
+    nbval_plugin.IPyNbCell.compare_outputs = _tolerant_compare_outputs if tolerant else _machine_aware_compare_outputs
 
 
 def pytest_unconfigure(config) -> None:

@@ -1,0 +1,75 @@
+"""Which committed outputs a cell is compared with on this machine, and which outputs are not compared at all.
+
+Two things about where a notebook runs change what a correct cell prints, and neither is a regression:
+
+- **Notes** (:mod:`commhooks_lab.launcher.notes`): a machine that refuses user namespaces says so once. Outputs
+  marked as notes are left out of both sides of every comparison.
+- **Variants**: a cell whose output rightly depends on the machine (DDP accepts ``bf16_compress_hook`` on a CUDA
+  build of torch and refuses it on a CPU build) keeps, in its metadata, the outputs of each other kind of machine:
+
+  .. code-block:: json
+
+     {"commhooks_lab": {"outputs_when": [{"when": {"torch_build": "cuda"}, "outputs": [...]}]}}
+
+  On a machine whose facts match a variant's ``when``, that variant's outputs are the reference; elsewhere the
+  cell's own outputs are. Each variant is still compared strictly (or within tolerance), so the cell stays
+  regression-checked on every kind of machine it has outputs for.
+
+``scripts/record_variants.py`` writes the variants from a notebook executed on the other kind of machine.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ..launcher.notes import is_note
+
+__all__ = ["FACTS", "machine_facts", "reference_outputs", "variant_key", "without_notes"]
+
+#: The facts a variant may name, and what each means.
+FACTS = {
+    "torch_build": "'cuda' where torch was built with CUDA (torch.version.cuda is set, GPU or not), else 'cpu'",
+    "user_namespaces": "True where this account may create a user namespace (links, the private network)",
+}
+#: The cell metadata key under which variants are kept.
+variant_key = "commhooks_lab"
+
+
+@functools.lru_cache(maxsize=1)
+def machine_facts() -> dict:
+    """This machine's values of :data:`FACTS` (torch's build is read, the namespace is tried by a child)."""
+    import torch
+
+    from ..launcher.private_network import why_unavailable
+
+    return {
+        "torch_build": "cuda" if torch.version.cuda else "cpu",
+        "user_namespaces": why_unavailable() is None,
+    }
+
+
+def _check_when(when: dict) -> None:
+    unknown = set(when) - set(FACTS)
+    if unknown:
+        raise ValueError(f"a variant names unknown facts {sorted(unknown)}; known: {sorted(FACTS)}")
+
+
+def reference_outputs(cell_metadata: dict, committed: list, facts: dict | None = None) -> list:
+    """The outputs this machine's run of the cell is compared with: the first variant whose ``when`` matches
+    ``facts`` (this machine's by default), else the ``committed`` ones."""
+    variants = (cell_metadata.get(variant_key) or {}).get("outputs_when") or []
+    if not variants:
+        return committed
+    facts = machine_facts() if facts is None else facts
+    for variant in variants:
+        _check_when(variant["when"])
+        if all(facts.get(name) == value for name, value in variant["when"].items()):
+            import nbformat
+
+            return [nbformat.from_dict(o) for o in variant["outputs"]]  # nbval reads outputs as attributes too
+    return committed
+
+
+def without_notes(outputs: list) -> list:
+    """``outputs`` less the machine notes."""
+    return [o for o in outputs if not is_note(o)]
