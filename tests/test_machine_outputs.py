@@ -4,10 +4,10 @@ import json
 
 import nbformat
 import pytest
+from test_testing import failed_notebooks, nbval
 
 from commhooks_lab.launcher import notes
 from commhooks_lab.testing import machine_outputs
-from test_testing import failed_notebooks, nbval
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -38,6 +38,10 @@ def test_the_variant_whose_facts_match_is_the_reference_and_unknown_facts_are_re
         machine_outputs.reference_outputs(meta, committed, {"torch_build": "cuda"})
 
 
+def _variant(when: dict, outputs: list[dict]) -> dict:
+    return {"commhooks_lab": {"outputs_when": [{"when": when, "outputs": outputs}]}}
+
+
 def _notebook(path, cells: list[tuple[str, list[dict], dict]]) -> None:
     nb = nbformat.v4.new_notebook()
     for number, (source, outputs, metadata) in enumerate(cells, 1):
@@ -57,10 +61,10 @@ def test_strict_nbval_leaves_notes_out_and_holds_each_build_to_its_own_outputs(t
     this, other = ("cuda", "cpu") if torch.version.cuda else ("cpu", "cuda")
     say = "from commhooks_lab.launcher import notes\nnotes.say_once('demo', 'links cannot be built here')\nprint(1)"
     show = "import torch\nprint('cuda' if torch.version.cuda else 'cpu')"
-    variant = {"commhooks_lab": {"outputs_when": [{"when": {"torch_build": other}, "outputs": [_stream(f"{other}\n")]}]}}
+    variant = _variant({"torch_build": other}, [_stream(f"{other}\n")])
     _notebook(tmp_path / "good.ipynb", [(say, [_stream("1\n")], {}), (show, [_stream(f"{this}\n")], variant)])
     _notebook(tmp_path / "wrong.ipynb", [(show, [_stream("tpu\n")], variant)])
-    swapped = {"commhooks_lab": {"outputs_when": [{"when": {"torch_build": this}, "outputs": [_stream(f"{other}\n")]}]}}
+    swapped = _variant({"torch_build": this}, [_stream(f"{other}\n")])
     _notebook(tmp_path / "swapped.ipynb", [(show, [_stream(f"{this}\n")], swapped)])
     out = nbval([tmp_path / "good.ipynb", tmp_path / "wrong.ipynb", tmp_path / "swapped.ipynb"], "-rfp")
     assert failed_notebooks(out.stdout) == {"wrong.ipynb", "swapped.ipynb"}, out.stdout[-3000:] + out.stderr[-2000:]
