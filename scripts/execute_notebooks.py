@@ -4,20 +4,31 @@
 
 Outputs stay (nbval compares them); volatile metadata goes (timings, cell ids, kernel
 details), so that a diff shows what the lessons say, not when they ran. Execution counts stay:
-a clean top-to-bottom run numbers the cells 1..N, and nbval only checks cells that ran. Each notebook's run
+a clean top-to-bottom run numbers the cells 1..N, and nbval only checks cells that ran. Notes about the machine
+that ran them go (:mod:`commhooks_lab.launcher.notes`): the committed outputs are the lesson's. Each notebook's run
 time is printed: every one must stay under a minute on a 2-core machine. ``--out DIR`` saves the executed
 copies in DIR and leaves the committed notebooks as they are (``measure_spread.py`` uses it).
+
+Every notebook asked for runs before any file is written: if one fails, none is saved, and the script says
+which failed. The runs behind links a notebook made (:mod:`commhooks_lab.studies.recorded`) are installed
+with it, for machines that cannot build links; on such a machine the recordings stay as they are.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+
+from commhooks_lab.launcher import notes, private_network
+from commhooks_lab.studies import recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info", "commhooks_lab")  # the last: stated tolerances
@@ -31,22 +42,54 @@ def strip_volatile(nb: nbformat.NotebookNode) -> None:
         cell.metadata = {k: v for k, v in cell.metadata.items() if k in KEEP_CELL_METADATA}
         cell.pop("id", None)
         if cell.cell_type == "code":  # execution counts stay: 1..N from a clean run, and nbval needs them
+            cell.outputs = [output for output in cell.outputs if not notes.is_note(output)]
             for output in cell.outputs:
                 if output.get("metadata"):
                     output["metadata"] = {}
     nb.nbformat_minor = 4
 
 
-def execute(path: Path, out: Path | None = None) -> float:
+def run(path: Path, recording: Path) -> tuple[nbformat.NotebookNode, float]:
+    """The notebook executed in a clean kernel, volatile metadata gone, and its run time; the runs behind links
+    it made are appended to ``recording``."""
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
-    NotebookClient(
-        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}, allow_errors=False
-    ).execute()
+    os.environ[recorded.VARIABLE] = str(recording)  # the kernel inherits it
+    try:
+        NotebookClient(
+            nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}},
+            allow_errors=False,
+        ).execute()  # fmt: skip
+    finally:
+        del os.environ[recorded.VARIABLE]
     elapsed = time.perf_counter() - start
     strip_volatile(nb)
-    nbformat.write(nb, path if out is None else out / path.name)
+    return nb, elapsed
+
+
+def execute(path: Path, out: Path) -> float:
+    """Execute one notebook and save it in ``out`` (the committed one and the recordings stay as they are)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        nb, elapsed = run(path, Path(scratch) / "recording.json")
+    nbformat.write(nb, out / path.name)
     return elapsed
+
+
+def install_recording(nb: nbformat.NotebookNode, stem: str, recording: Path) -> str | None:
+    """Put what the notebook recorded where the package reads it, with its code's digest. A notebook that
+    recorded nothing on a machine that builds links has no recording (an old one is removed); on a machine that
+    cannot, its runs were replays and its recording stays. Returns what was done, or None."""
+    target = recorded.DIRECTORY / f"{stem}.json"
+    if recording.is_file():
+        runs = json.loads(recording.read_text())["runs"]
+        kept = {"notebook": stem, "code_sha256": recorded.code_digest(nb), "runs": runs}
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(kept, indent=1) + "\n")
+        return f"recorded {len(runs)} run(s) behind links"
+    if target.is_file() and private_network.why_unavailable() is None:
+        target.unlink()
+        return "no runs behind links any more: its recording is removed"
+    return None
 
 
 def existing_notebook(arg: str) -> Path:
@@ -55,6 +98,10 @@ def existing_notebook(arg: str) -> Path:
     if path.suffix != ".ipynb" or not path.is_file():
         raise argparse.ArgumentTypeError(f"{arg}: no such notebook (a path to an .ipynb file)")
     return path
+
+
+def _shown(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_absolute() and path.is_relative_to(ROOT) else path
 
 
 def main(argv: list[str]) -> int:
@@ -66,9 +113,27 @@ def main(argv: list[str]) -> int:
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))
-    for path in paths:
-        elapsed = execute(path, out)
-        print(f"{elapsed:6.1f} s  {path.relative_to(ROOT) if path.is_absolute() else path}", flush=True)
+    executed, failed = [], []
+    with tempfile.TemporaryDirectory() as scratch:
+        for path in paths:
+            recording = Path(scratch) / f"{path.stem}.json"
+            try:
+                nb, elapsed = run(path, recording)
+            except Exception as exc:  # every notebook still runs, so that one run names every failure
+                failed.append(path)
+                print(f"FAILED  {_shown(path)}: {type(exc).__name__}: {str(exc)[-2000:]}", flush=True)
+                continue
+            executed.append((path, nb, recording))
+            print(f"{elapsed:6.1f} s  {_shown(path)}", flush=True)
+        if failed:
+            print(f"\n{len(failed)} of {len(paths)} notebooks failed: {', '.join(str(_shown(p)) for p in failed)}. "
+                  "Nothing was written: every notebook and recording is as it was.", file=sys.stderr)  # fmt: skip
+            return 1
+        for path, nb, recording in executed:
+            nbformat.write(nb, path if out is None else out / path.name)
+            done = None if out is not None else install_recording(nb, path.stem, recording)
+            if done:
+                print(f"          {_shown(path)}: {done}")
     return 0
 
 

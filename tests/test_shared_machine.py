@@ -30,8 +30,12 @@ import pytest
 
 import commhooks_lab as lab
 from commhooks_lab import Cluster
+from commhooks_lab.launcher import private_network
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+WHY_NOT = private_network.why_unavailable()
+#: The attacks on gloo's listeners find them on a machine that refuses the ranks a network of their own.
+needs_private_network = pytest.mark.skipif(WHY_NOT is not None, reason=f"no private network here: {WHY_NOT}")
 
 NOBODY = 65534
 #: The learner of the gloo attacks: an unprivileged account with no other process on the machine.
@@ -73,6 +77,18 @@ ATTACK = textwrap.dedent(
 )
 
 
+def _unmapped(*uids: int) -> str | None:
+    """Why this process cannot become these accounts, or None: a user namespace that maps only its own account
+    (``unshare -r``, a rootless container) has no other uid to become or give a file to."""
+    try:
+        lines = Path("/proc/self/uid_map").read_text().split("\n")
+    except OSError:
+        return None
+    ranges = [tuple(map(int, line.split())) for line in lines if line.strip()]
+    missing = [uid for uid in uids if not any(inside <= uid < inside + count for inside, _, count in ranges)]
+    return f"uids {missing} are not mapped in this user namespace (/proc/self/uid_map)" if missing else None
+
+
 def _drop_privileges() -> None:
     os.setgroups([])
     os.setgid(NOBODY)
@@ -100,6 +116,8 @@ def other_account():
         pytest.skip("needs root to start a process as another account (nobody)")
     if not os.path.exists(SYSTEM_PYTHON):
         pytest.skip(f"the attacker needs a Python of its own at {SYSTEM_PYTHON}")
+    if _unmapped(NOBODY):
+        pytest.skip(f"no other account to play: {_unmapped(NOBODY)}")
     started = []
 
     def start(folder: str, store: str, ports: list[int], hold_s: float = 20.0) -> tuple[subprocess.Popen, dict]:
@@ -178,7 +196,7 @@ def test_a_folder_another_account_owns_is_no_place_for_the_rendezvous(tmp_path):
     theirs = tmp_path / "theirs"
     (theirs / "below").mkdir(parents=True)
     assert no_one_else_can_move(str(theirs / "below"))
-    if os.geteuid() == 0:  # as root: give it to nobody, as another account would have made it
+    if os.geteuid() == 0 and not _unmapped(NOBODY):  # as root: give it to nobody, as if nobody had made it
         os.chown(theirs, NOBODY, NOBODY)
         assert not no_one_else_can_move(str(theirs / "below"))
 
@@ -240,6 +258,8 @@ def two_accounts():
         if os.environ.get("CI"):
             pytest.fail("CI runs as root so that this test can play two other accounts", pytrace=False)
         pytest.skip("needs root to start processes as other accounts")
+    if _unmapped(LEARNER, NOBODY):
+        pytest.skip(f"no other accounts to play: {_unmapped(LEARNER, NOBODY)}")
     found = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True)
     if found.returncode or found.stdout.decode().strip() != str(tuple(sys.version_info[:2])):
         pytest.skip(f"the learner account needs {SYSTEM_PYTHON} at Python {sys.version_info[:2]} (this venv's)")
@@ -296,6 +316,7 @@ def _same_run_every_time(runs: list[dict]) -> None:
     assert max(run["seconds"] for run in runs) < 30, [round(run["seconds"], 1) for run in runs]
 
 
+@needs_private_network
 def test_another_account_cannot_hijack_the_ranks_gloo_pairs(two_accounts):
     """H1: the attacker watches /proc/net/tcp for the learner's new loopback listeners and sends gloo's pair
     handshake on each before the real peer can. On the machine's loopback it took 3 of 4 fresh Clusters (their
@@ -313,6 +334,7 @@ def test_another_account_cannot_hijack_the_ranks_gloo_pairs(two_accounts):
     _same_run_every_time(runs["runs"])
 
 
+@needs_private_network
 def test_another_account_cannot_fill_a_ranks_file_descriptors(two_accounts):
     """H2: while the learner's ranks start, the attacker connects 1,100 times to each of their listeners, sends 8
     bytes and closes; gloo keeps every unmatched socket, so on the loopback a rank at the common 1,024-fd limit

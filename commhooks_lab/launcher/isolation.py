@@ -12,17 +12,15 @@ Stdlib only (the package decides this before torch loads, when it starts its ran
 from __future__ import annotations
 
 import os
-import warnings
 
-from . import private_network
+from . import notes, private_network
 
-__all__ = ["isolates", "VARIABLE", "why_not_isolated"]
+__all__ = ["isolates", "shared_loopback_note", "VARIABLE", "why_not_isolated"]
 
 #: ``auto`` (unset): a private network wherever this machine allows one; ``1``: insist (refuse to start
 #: without one); ``0``: the ranks share this machine's loopback with every local account.
 VARIABLE = "COMMHOOKS_LAB_PRIVATE_NETWORK"
 _ON, _OFF, _AUTO = ("1", "on", "yes", "true"), ("0", "off", "no", "false"), ("auto", "")
-_warned: set[str] = set()
 
 
 def wanted() -> str:
@@ -46,20 +44,26 @@ def why_not_isolated(backend: str, start_method: str) -> str | None:
     return private_network.why_unavailable()
 
 
+def shared_loopback_note() -> str:
+    """What a machine that refuses the private network means for a learner, why, and the way out: one paragraph."""
+    facts = private_network.facts()
+    return (
+        "the ranks talk over this machine's loopback, where any account on it can reach their sockets (harmless "
+        "on a machine only you use), and no rate-limited link can be built, so `lab.studies.links` shows the "
+        f"runs behind links that were recorded on a machine that could. Why: {facts['refused']}. "
+        f"Way out: {facts['way_out']}. `python -m commhooks_lab doctor` says more; {VARIABLE}=0 silences this."
+    )
+
+
 def isolates(backend: str, start_method: str) -> bool:
     """Should this Cluster's ranks get the private network? When they cannot, refuses under ``1``; under ``auto``
-    warns once if the machine refused it (a start method, backend or ``0`` chosen by hand is the user's call)."""
+    says once per process (a note in a kernel, a warning elsewhere) if the machine refused it; a start method,
+    backend or ``0`` chosen by hand is the user's call."""
     why = why_not_isolated(backend, start_method)
     if why is None:
         return True
     if wanted() == "on":
         raise private_network.NetworkUnavailableError(f"{VARIABLE}=1, but the ranks get no private network: {why}")
-    if why == private_network.why_unavailable() and why not in _warned:  # the machine's refusal, not a choice
-        _warned.add(why)
-        warnings.warn(
-            f"the ranks' gloo listeners are on this machine's loopback, open to every local account ({why}); "
-            f"`python -m commhooks_lab doctor` says what that allows. {VARIABLE}=0 silences this",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+    if why == private_network.why_unavailable():  # the machine's refusal, not a choice
+        notes.say_once("user_namespaces", shared_loopback_note(), stacklevel=3)
     return False

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import warnings
 
-__all__ = ["METADATA_KEY", "is_note", "say_once"]
+__all__ = ["METADATA_KEY", "is_note", "say", "say_once"]
 
 #: The output metadata key that marks a note; its value names the note (``"user_namespaces"``, ...).
 METADATA_KEY = "commhooks_lab_machine_note"
@@ -27,21 +27,27 @@ def _kernel():
     return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
 
 
-def say_once(name: str, text: str) -> bool:
-    """Say ``text`` once in this process under ``name``: a marked markdown output in a kernel, else a warning.
+def say(name: str, text: str, stacklevel: int = 2) -> None:
+    """Say ``text`` now, under ``name``: a marked markdown output in a kernel, else a warning (a cell that runs
+    again says it again: what it shows rests on it each time). ``stacklevel``: as ``warnings.warn``'s, counted
+    from the caller (1: the caller's line, 2: its caller's)."""
+    if _kernel() is None:
+        warnings.warn(text, RuntimeWarning, stacklevel=stacklevel + 1)
+        return
+    from IPython.display import display
+
+    bundle = {"text/markdown": f"> **On this machine:** {text}", "text/plain": f"On this machine: {text}"}
+    display(bundle, raw=True, metadata={METADATA_KEY: name})
+
+
+def say_once(name: str, text: str, stacklevel: int = 2) -> bool:
+    """:func:`say` ``text`` once in this process under ``name``.
 
     Returns whether it was said now (False when it had been said before)."""
     if name in _said:
         return False
     _said.add(name)
-    shell = _kernel()
-    if shell is None:
-        warnings.warn(text, RuntimeWarning, stacklevel=3)
-        return True
-    from IPython.display import display
-
-    bundle = {"text/markdown": f"> **On this machine:** {text}", "text/plain": f"On this machine: {text}"}
-    display(bundle, raw=True, metadata={METADATA_KEY: name})
+    say(name, text, stacklevel=stacklevel + 1)
     return True
 
 

@@ -107,7 +107,7 @@ def check_link(link, start_method: str, backend: str):
     """The :class:`~.link.Link` the ranks sit behind (None: the machine's loopback), refused here, before any
     process starts, if the spec is wrong or this machine cannot give ranks a private network."""
     from .link import as_link
-    from .private_network import NetworkUnavailableError, why_unavailable
+    from .private_network import WITHOUT_A_LINK, NetworkUnavailableError, why_unavailable
 
     parsed = as_link(link)
     if parsed is None:
@@ -121,5 +121,5 @@ def check_link(link, start_method: str, backend: str):
         raise ValueError(f"link={parsed.spec!r} shapes gloo's sockets; backend={backend!r} talks over other paths")
     why = why_unavailable()
     if why is not None:
-        raise NetworkUnavailableError(f"link={parsed.spec!r} cannot be built on this machine: {why}")
+        raise NetworkUnavailableError(f"link={parsed.spec!r} cannot be built on this machine: {why}; {WITHOUT_A_LINK}")
     return parsed

@@ -48,7 +48,8 @@ BRIDGE = "labswitch"
 IFACE = "eth0"
 #: Set in the environment of a rank server that hosts the network (read by :mod:`.network_host`).
 HOST_VARIABLE = "COMMHOOKS_LAB_NETWORK_HOST"
-WAY_OUT = "or run without link= (the ranks then share this machine's loopback; lab.network's model stands in)"
+#: What a run can do where no link can be built: said after the cause and the way out.
+WITHOUT_A_LINK = "without link=, the ranks run on this machine's loopback, where bytes cost almost nothing"
 
 
 class NetworkUnavailableError(RuntimeError):
@@ -215,22 +216,32 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _refusal(exc: OSError) -> str:
-    """Why this machine refuses a user namespace, and the way out."""
+def _refusal(exc: OSError) -> dict:
+    """Why this machine refuses a user namespace (``refused``), and what its owner can do about it (``way_out``)."""
     if _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
-        return (
-            "AppArmor forbids unprivileged user namespaces here (kernel.apparmor_restrict_unprivileged_userns=1, "
-            "Ubuntu's default since 24.04): `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` allows "
-            f"them until the next boot, {WAY_OUT}"
-        )
+        return {
+            "refused": "AppArmor forbids unprivileged user namespaces here "
+            "(kernel.apparmor_restrict_unprivileged_userns=1, Ubuntu's default since 24.04)",
+            "way_out": "`sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` allows them until the next "
+            "boot (a line in /etc/sysctl.d/ keeps it)",
+        }
     if _read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
-        return f"unprivileged user namespaces are off (kernel.unprivileged_userns_clone=0): enable them, {WAY_OUT}"
+        return {
+            "refused": "unprivileged user namespaces are off here (kernel.unprivileged_userns_clone=0)",
+            "way_out": "`sudo sysctl -w kernel.unprivileged_userns_clone=1` allows them",
+        }
     if _read("/proc/sys/user/max_user_namespaces") == "0" or exc.errno == errno.ENOSPC:
-        return f"user namespaces are disabled or used up (user.max_user_namespaces): raise it, {WAY_OUT}"
-    return (
-        f"this process may not create a user namespace ({exc}); in a container, its seccomp profile or missing "
-        f"capabilities forbid it (Docker: --security-opt seccomp=unconfined), {WAY_OUT}"
-    )
+        return {
+            "refused": "this machine allows no more user namespaces (user.max_user_namespaces is 0 or used up)",
+            "way_out": "only the machine's owner can allow them (`sysctl -w user.max_user_namespaces=10000`, on a "
+            "container's host: a container cannot raise it)",
+        }
+    return {
+        "refused": f"this process may not create a user namespace ({exc}), as in a container whose seccomp "
+        "profile forbids it",
+        "way_out": "Docker: `docker run --security-opt seccomp=unconfined` (its default profile allows unshare and "
+        "setns only with CAP_SYS_ADMIN); on a hosted notebook service there is none",
+    }
 
 
 class _ProbeLink:
@@ -245,12 +256,12 @@ def _probe() -> dict:
     try:
         enter_user_and_network_namespace()
     except OSError as exc:
-        return {"refused": _refusal(exc)}
+        return _refusal(exc)
     try:
         _run("ip", ["link set lo up", "link add probe0 type veth peer name probe1", f"link add {BRIDGE} type bridge"])
         _run("tc", _shaping("probe0", _ProbeLink(), delay=False))
     except NetworkError as exc:
-        return {"refused": f"{exc}; {WAY_OUT}"}
+        return {"refused": str(exc), "way_out": "install iproute2, and a kernel with veth, bridge and htb"}
     try:
         _run("tc", ["qdisc add dev probe1 root netem delay 1ms"])
         netem = True
@@ -262,22 +273,24 @@ def _probe() -> dict:
 @functools.lru_cache(maxsize=1)
 def facts() -> dict:
     """What this machine allows, found once per process by a child that tries it: ``refused`` (why not, or
-    None) and ``netem`` (whether a delay can be added)."""
+    None), ``way_out`` (what the machine's owner can do about it) and ``netem`` (whether a delay can be added)."""
     if not sys.platform.startswith("linux"):
-        return {"refused": f"{sys.platform} has no Linux network namespaces, {WAY_OUT}", "netem": False}
+        return {"refused": f"{sys.platform} has no Linux network namespaces", "way_out": "none (Linux only)",
+                "netem": False}  # fmt: skip
     try:
         done = subprocess.run(
             [sys.executable, "-I", "-S", os.path.abspath(__file__)], capture_output=True, text=True, timeout=30
         )
         found = json.loads(done.stdout)
     except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
-        return {"refused": f"the private network's probe failed ({exc}), {WAY_OUT}", "netem": False}
-    return {"netem": False, **found}
+        return {"refused": f"the private network's probe failed ({exc})", "way_out": "report it", "netem": False}
+    return {"netem": False, "way_out": "", **found}
 
 
 def why_unavailable() -> str | None:
-    """Why ranks cannot sit behind a link on this machine (the cause and the way out), or None."""
-    return facts()["refused"]
+    """Why ranks cannot sit behind a link on this machine, and the way out; or None."""
+    found = facts()
+    return None if found["refused"] is None else f"{found['refused']}. Way out: {found['way_out']}"
 
 
 if __name__ == "__main__":

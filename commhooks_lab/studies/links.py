@@ -9,6 +9,9 @@ the ranks themselves:
   a group of one rank (every cast, matrix product and top-k, no byte on a link), less the step of ``noop``;
 - :func:`time_hooks`: step times of every hook behind every link, DDP's own (``timing=True``).
 
+:func:`time_hooks` and :func:`race` are what the lessons run behind links; where this machine cannot build
+them they return the run recorded on one that could, and say so (:mod:`.recorded`).
+
 :func:`predict` feeds the first two into :mod:`commhooks_lab.studies.network`'s alpha-beta model and puts its
 step time beside the measured one; :func:`crossings` finds where each hook's measured time crosses the
 baseline's, against the model's break-even bandwidth; :func:`time_to_accuracy` reads runs behind a link
@@ -27,10 +30,10 @@ import pandas as pd
 
 from ..engine.config import ExperimentConfig
 from ..experiment import compare
-from ..launcher import Cluster
+from ..launcher import Cluster, private_network
 from ..launcher.link import as_link, payload_share
-from ..result import Result
-from . import network
+from ..result import Result, ResultSet, _frame_from_json, _frame_to_json
+from . import network, recorded
 
 __all__ = [
     "crossings",
@@ -41,6 +44,7 @@ __all__ = [
     "local_costs",
     "measure_link",
     "predict",
+    "race",
     "step_statistics",
     "time_hooks",
     "time_to_accuracy",
@@ -223,6 +227,13 @@ class LinkTimes:
         table["achieved_vs_set"] = table["wire_gbps"] / table["set_gbps"]
         return table
 
+    def to_json(self) -> dict:
+        return {"links": self.links, "times": _frame_to_json(self.times), "traffics": self.traffics}
+
+    @classmethod
+    def from_json(cls, data: dict) -> LinkTimes:
+        return cls(data["links"], _frame_from_json(data["times"]), data["traffics"])
+
 
 def time_hooks(
     hooks: Mapping[str, str] | None = None,
@@ -244,6 +255,10 @@ def time_hooks(
     out of its statistics.
     """
     hooks = {BASE: BASE, **(HOOKS if hooks is None else hooks)}
+    arguments = dict(hooks=hooks, links=links, model=model, world_size=world_size, steps=steps, repeats=repeats,
+                     steps_for=steps_for, transfers=transfers, seconds=seconds)  # fmt: skip
+    if private_network.why_unavailable() is not None:
+        return LinkTimes.from_json(recorded.replay("time_hooks", arguments, f"links={tuple(links)}"))
     rows: list[dict] = []
     traffics: dict[str, dict] = {}
     facts: dict[str, dict] = {}
@@ -262,7 +277,9 @@ def time_hooks(
                 traffics.setdefault(result.name, network.traffic(result))
                 rows.append({"link": link, "hook": result.name, "repeat": repeat, **step_statistics(result)})
     times = pd.DataFrame(rows).sort_values(["link", "hook", "repeat"], key=_in_order(links, hooks))
-    return LinkTimes([facts[link] for link in links], times.reset_index(drop=True), traffics)
+    timed = LinkTimes([facts[link] for link in links], times.reset_index(drop=True), traffics)
+    recorded.keep("time_hooks", arguments, timed.to_json())
+    return timed
 
 
 def _in_order(links: Sequence[str], hooks: Mapping[str, str]):
@@ -386,6 +403,24 @@ def crossings(timed: LinkTimes, costs: Mapping[str, float], baseline: str = "all
 
 
 # -- time to accuracy --------------------------------------------------------------------------------------------
+
+
+def race(hooks: Sequence[str], link: str, seeds: Sequence[int] = (0,), **settings) -> ResultSet:
+    """Every hook behind ``link``, once per seed (``lab.compare(hooks, link=link, seed=seed, **settings)``): the
+    runs :func:`time_to_accuracy` reads."""
+    arguments = dict(hooks=list(hooks), link=link, seeds=list(seeds), **settings)
+    if private_network.why_unavailable() is not None:
+        runs = recorded.replay("race", arguments, f"link={link!r}")
+        return ResultSet(_result_from_json(run) for run in runs)
+    raced = ResultSet(r for seed in seeds for r in compare(list(hooks), link=link, seed=seed, **settings))
+    recorded.keep("race", arguments, [r.to_json() for r in raced])
+    return raced
+
+
+def _result_from_json(data: dict) -> Result:
+    """A Result from what :meth:`Result.to_json` gave (a recording is trusted data: the package's own)."""
+    steps, layers = _frame_from_json(data["steps"]), _frame_from_json(data["layers"])
+    return Result(data["config"], steps, layers, data["notes"], data["env"], data["final"], data.get("sample"))
 
 
 def training_seconds(result: Result) -> pd.Series:

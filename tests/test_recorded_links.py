@@ -1,0 +1,185 @@
+"""Where no link can be built the lessons' runs behind links are replayed from recordings, said to be so, and the
+recordings stay those of the committed notebooks' code; everywhere else, a call behind a link is refused."""
+
+import errno
+import json
+
+import nbformat
+import pandas as pd
+import pytest
+from test_testing import failed_notebooks, nbval
+
+from commhooks_lab.course import course_root
+from commhooks_lab.launcher import isolation, notes, private_network
+from commhooks_lab.launcher.private_network import NetworkUnavailableError
+from commhooks_lab.result import Result
+from commhooks_lab.studies import links, recorded
+
+CAUSE = "this machine allows no more user namespaces (user.max_user_namespaces is 0 or used up)"
+WAY_OUT = "only the machine's owner can allow them"
+HOOKS = {"allreduce": "allreduce"}
+LINKS = ("unlimited", "100mbit")
+
+
+@pytest.fixture
+def refused(monkeypatch):
+    """This machine refuses user namespaces (the probe's answer, as on a machine that does)."""
+    facts = {"refused": CAUSE, "way_out": WAY_OUT, "netem": False}
+    monkeypatch.setattr(private_network, "facts", lambda: facts)
+
+
+def _timed() -> links.LinkTimes:
+    link = {"link": "unlimited", "set_gbps": None, "wire_gbps": 3.1, "payload_gbps": 2.9, "alpha_us": 41.5,
+            "world_size": 2}  # fmt: skip
+    rows = [{"link": name, "hook": hook, "repeat": 0, "median_ms": 1 / 3 + i, "min_ms": 0.1, "max_ms": 9.0, "steps": 4}
+            for i, (name, hook) in enumerate([(n, h) for n in LINKS for h in ("noop", "allreduce")])]  # fmt: skip
+    traffic = {"allreduce_bytes": 4.5e6, "allgather_bytes": 0.0, "allreduce_calls": 1.0, "allgather_calls": 0.0,
+               "overlaps_backward": True}  # fmt: skip
+    return links.LinkTimes([link, {**link, "link": "100mbit", "set_gbps": 0.1}], pd.DataFrame(rows),
+                           {"noop": traffic, "allreduce": traffic})  # fmt: skip
+
+
+def _record(folder, monkeypatch, study: str, arguments: dict, data) -> None:
+    """``folder`` holds one recording of ``study`` called with ``arguments``, as execute_notebooks installs it."""
+    scratch = folder / "kept.json"
+    monkeypatch.setenv(recorded.VARIABLE, str(scratch))
+    recorded.keep(study, arguments, data)
+    monkeypatch.delenv(recorded.VARIABLE)
+    (folder / "recorded").mkdir()
+    (folder / "recorded" / "nb.json").write_text(scratch.read_text())
+    monkeypatch.setattr(recorded, "DIRECTORY", folder / "recorded")
+
+
+def _arguments(**changes) -> dict:
+    hooks = {links.BASE: links.BASE, **HOOKS}
+    return dict(hooks=hooks, links=LINKS, model="wide", world_size=2, steps=10, repeats=1, steps_for=None,
+                transfers=2, seconds=0.2, **changes)  # fmt: skip
+
+
+def test_where_links_are_refused_time_hooks_replays_the_recorded_run_bit_for_bit_and_says_so(
+    tmp_path, monkeypatch, refused
+):
+    timed = _timed()
+    _record(tmp_path, monkeypatch, "time_hooks", _arguments(), timed.to_json())
+    with pytest.warns(RuntimeWarning, match=r"links=\('unlimited', '100mbit'\) cannot be built here \(this machine"):
+        replayed = links.time_hooks(HOOKS, links=LINKS, steps=10, transfers=2, seconds=0.2)
+    pd.testing.assert_frame_equal(replayed.times, timed.times)
+    assert replayed.links == timed.links and replayed.traffics == timed.traffics
+    pd.testing.assert_frame_equal(links.predict(replayed, {"allreduce": 0.0}), links.predict(timed, {"allreduce": 0}))
+
+
+def test_a_call_nobody_recorded_is_refused_naming_every_link_it_asked_for(tmp_path, monkeypatch, refused):
+    _record(tmp_path, monkeypatch, "time_hooks", _arguments(), _timed().to_json())
+    with pytest.raises(NetworkUnavailableError, match=r"links=\('unlimited', '1gbit'\) cannot be built on this") as e:
+        links.time_hooks(HOOKS, links=("unlimited", "1gbit"), steps=10, transfers=2, seconds=0.2)
+    assert CAUSE in str(e.value) and WAY_OUT in str(e.value) and "no run of this call was recorded" in str(e.value)
+    with pytest.raises(NetworkUnavailableError, match=r"link='10mbit' cannot be built on this machine"):
+        links.race(["allreduce"], link="10mbit", seeds=(0,), steps=4)
+
+
+def _result(seed: int) -> Result:
+    steps = pd.DataFrame({"step": [0, 1, 2], "loss": [2.0, 1.5, 1.25], "accuracy": [float("nan"), 0.5, 0.875],
+                          "step_time_s": [0.1, 1 / 3, 0.2]})  # fmt: skip
+    return Result(
+        {"hook": "allreduce", "seed": seed}, steps, pd.DataFrame(), ["a note"], {"torch": "x"}, {"loss": 1.25}
+    )
+
+
+def test_where_links_are_refused_the_race_returns_the_recorded_results(tmp_path, monkeypatch, refused):
+    runs = [_result(0), _result(1)]
+    arguments = dict(hooks=["allreduce"], link="10mbit", seeds=[0, 1], steps=3, timing=True)
+    _record(tmp_path, monkeypatch, "race", arguments, [r.to_json() for r in runs])
+    with pytest.warns(RuntimeWarning, match="link='10mbit' cannot be built here"):
+        raced = links.race(["allreduce"], link="10mbit", seeds=(0, 1), steps=3, timing=True)
+    assert [r.config for r in raced] == [r.config for r in runs] and raced[1].notes == ["a note"]
+    pd.testing.assert_frame_equal(raced[1].steps, runs[1].steps)
+    pd.testing.assert_frame_equal(links.time_to_accuracy(raced, 0.8), links.time_to_accuracy(runs, 0.8))
+
+
+def test_a_study_keeps_its_runs_only_where_the_script_asks(tmp_path, monkeypatch):
+    monkeypatch.delenv(recorded.VARIABLE, raising=False)
+    recorded.keep("demo", {"links": ("a", "b")}, {"x": 0.1})  # a learner's run: nothing written anywhere
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setenv(recorded.VARIABLE, str(tmp_path / "kept.json"))
+    recorded.keep("demo", {"links": ("a", "b")}, {"x": 0.1})
+    recorded.keep("demo", {"links": ("c",)}, {"x": 1 / 3})
+    runs = json.loads((tmp_path / "kept.json").read_text())["runs"]
+    assert [(r["study"], r["arguments"], r["data"]) for r in runs] == [
+        ("demo", {"links": ["a", "b"]}, {"x": 0.1}),
+        ("demo", {"links": ["c"]}, {"x": 1 / 3}),
+    ]
+    assert set(runs[0]["recorded_on"]) == {"date", "cpu", "torch"}
+
+
+def test_each_recording_was_made_by_its_notebooks_code_and_each_section_behind_a_link_has_one():
+    """A notebook edited without being executed again on a machine that builds links fails here: its recording
+    would be another code's runs (``scripts/execute_notebooks.py`` rewrites both)."""
+    notebooks = course_root() / "notebooks"
+    kept = {path.stem: json.loads(path.read_text()) for path in recorded.DIRECTORY.glob("*.json")}
+    sections = recorded.link_sections()
+    assert len(sections) == 2 and sections[0].startswith("notebook 8, 7. On real slow links"), sections
+    numbers = {int(section.split(",")[0].split()[1]) for section in sections}
+    assert {int(stem[:2]) for stem in kept} == numbers
+    for stem, recording in kept.items():
+        nb = nbformat.read(notebooks / f"{stem}.ipynb", as_version=4)
+        assert recording["code_sha256"] == recorded.code_digest(nb), f"{stem}: run scripts/execute_notebooks.py"
+        assert recording["runs"], stem
+
+
+def test_doctor_is_told_the_sections_and_the_way_out_only_where_links_are_refused(monkeypatch, refused):
+    report = recorded.links_report()
+    assert report is not None
+    assert CAUSE in report["seen"] and "notebook 8, 7. On real slow links" in report["seen"]
+    assert "notebook 11, Time to accuracy behind a real slow link" in report["seen"]
+    assert report["advice"].startswith(WAY_OUT)
+    for way in ("kernel.apparmor_restrict_unprivileged_userns=0", "--security-opt seccomp=unconfined",
+                "hosted notebook service (Colab, Kaggle, ...): none"):  # fmt: skip
+        assert way in report["advice"]
+    monkeypatch.setattr(private_network, "facts", lambda: {"refused": None, "way_out": "", "netem": True})
+    assert recorded.links_report() is None
+
+
+@pytest.mark.parametrize(
+    ("files", "code", "says", "way_out"),
+    [
+        ({"user/max_user_namespaces": "0"}, errno.ENOSPC, "no more user namespaces", "a container cannot raise it"),
+        ({"kernel/apparmor_restrict_unprivileged_userns": "1"}, errno.EACCES, "AppArmor",
+         "sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0"),
+        ({}, errno.EPERM, "seccomp", "--security-opt seccomp=unconfined"),
+    ],
+)  # fmt: skip
+def test_a_refusal_names_the_cause_and_a_way_out_that_exists(monkeypatch, files, code, says, way_out):
+    monkeypatch.setattr(private_network, "_read", lambda path: files.get(path.removeprefix("/proc/sys/")))
+    found = private_network._refusal(OSError(code, "unshare"))
+    assert says in found["refused"] and way_out in found["way_out"]
+    assert "raise it," not in found["way_out"] and "model stands in" not in str(found)
+
+
+def test_the_shared_loopback_is_said_once_in_a_script_as_a_warning_with_cause_way_out_and_the_study(
+    monkeypatch, refused
+):
+    monkeypatch.delenv(isolation.VARIABLE, raising=False)
+    monkeypatch.setattr(notes, "_said", set())
+    with pytest.warns(RuntimeWarning) as said:
+        assert isolation.isolates("gloo", "forkserver") is False
+        assert isolation.isolates("gloo", "forkserver") is False
+    assert len(said) == 1, [str(w.message) for w in said]
+    text = str(said[0].message)
+    assert CAUSE in text and WAY_OUT in text and "`lab.studies.links`" in text and "loopback" in text
+
+
+SHARED = """from commhooks_lab.launcher import isolation, private_network
+private_network.facts = lambda: {"refused": "no namespaces (simulated)", "way_out": "none", "netem": False}
+print(isolation.isolates("gloo", "forkserver"), isolation.isolates("gloo", "forkserver"))"""
+
+
+def test_in_a_kernel_the_shared_loopback_is_one_note_that_strict_nbval_leaves_out(tmp_path):
+    """The committed output has no note (made where namespaces are allowed): the run's note, said once in a
+    markdown output marked as a note, is no difference; a warning on stderr would be one."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(SHARED, execution_count=1))
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="False False\n")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "shared.ipynb")
+    out = nbval([tmp_path / "shared.ipynb"], "-rfp")
+    assert failed_notebooks(out.stdout) == set() and "1 passed" in out.stdout, out.stdout[-3000:]
