@@ -4,6 +4,7 @@ The tests that build a link need user and network namespaces; where the machine 
 the cause the lab gives a learner (on this kind of machine they run).
 """
 
+import errno
 import os
 import subprocess
 import sys
@@ -66,8 +67,9 @@ def test_where_the_machine_refuses_namespaces_nothing_starts_and_the_cause_is_na
     cause = "AppArmor forbids unprivileged user namespaces here (...): sudo sysctl ..., or run without link="
     monkeypatch.setattr(private_network, "why_unavailable", lambda: cause)
     before = live_children()
-    with pytest.raises(NetworkUnavailableError, match=r"link='100mbit' cannot be built on this machine: AppArmor"):
+    with pytest.raises(NetworkUnavailableError, match=r"link='100mbit' cannot be built on this machine: AppArmor") as e:
         Cluster(2, link="100mbit")
+    assert str(e.value).endswith(private_network.WITHOUT_A_LINK)
     with pytest.raises(NetworkUnavailableError, match="AppArmor"):
         lab.run(hook="fp16", steps=2, link="100mbit", fresh=True)
     with pytest.raises(NetworkUnavailableError, match="AppArmor"):
@@ -76,18 +78,24 @@ def test_where_the_machine_refuses_namespaces_nothing_starts_and_the_cause_is_na
 
 
 @pytest.mark.parametrize(
-    ("files", "says"),
+    ("files", "code", "says", "way_out"),
     [
-        ({"/proc/sys/kernel/apparmor_restrict_unprivileged_userns": "1"}, "apparmor_restrict_unprivileged_userns=0"),
-        ({"/proc/sys/kernel/unprivileged_userns_clone": "0"}, "unprivileged_userns_clone=0"),
-        ({"/proc/sys/user/max_user_namespaces": "0"}, "max_user_namespaces"),
-        ({}, "seccomp"),
+        ({"/proc/sys/kernel/apparmor_restrict_unprivileged_userns": "1"}, errno.EACCES,
+         "apparmor_restrict_unprivileged_userns=1", "sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0"),
+        ({"/proc/sys/kernel/unprivileged_userns_clone": "0"}, errno.EPERM, "unprivileged_userns_clone=0",
+         "sudo sysctl -w kernel.unprivileged_userns_clone=1"),
+        ({"/proc/sys/user/max_user_namespaces": "0"}, errno.EPERM, "max_user_namespaces",
+         "a container cannot raise it"),
+        ({}, errno.ENOSPC, "no more user namespaces", "a container cannot raise it"),  # used up, or 0 in a parent
+        ({}, errno.EPERM, "seccomp", "--security-opt seccomp=unconfined"),
     ],
-)
-def test_each_cause_of_a_refused_namespace_names_its_way_out(monkeypatch, files, says):
+)  # fmt: skip
+def test_each_cause_of_a_refused_namespace_names_a_way_out_that_exists(monkeypatch, files, code, says, way_out):
+    """No "raise it" where a container cannot, and no model promised to stand in that no cell shows."""
     monkeypatch.setattr(private_network, "_read", files.get)
-    why = private_network._refusal(PermissionError(1, "Operation not permitted"))
-    assert says in why and "run without link=" in why
+    found = private_network._refusal(OSError(code, os.strerror(code)))
+    assert says in found["refused"] and way_out in found["way_out"]
+    assert "raise it," not in found["way_out"] and "stands in" not in found["way_out"]
 
 
 def test_a_link_needs_the_rank_server_and_gloo_and_ranks_the_lab_starts():

@@ -48,10 +48,10 @@ def shared_loopback_note() -> str:
     """What a machine that refuses the private network means for a learner, why, and the way out: one paragraph."""
     facts = private_network.facts()
     return (
-        "the ranks talk over this machine's loopback, where any account on it can reach their sockets (harmless "
-        "on a machine only you use), and no rate-limited link can be built, so `lab.studies.links` shows the "
-        f"runs behind links that were recorded on a machine that could. Why: {facts['refused']}. "
-        f"Way out: {facts['way_out']}. `python -m commhooks_lab doctor` says more; {VARIABLE}=0 silences this."
+        "the ranks talk over this machine's loopback, where any account on it can reach them (harmless on a "
+        "machine only you use), and no rate-limited link can be built: `lab.studies.links` shows runs recorded on "
+        f"a machine that could. Why: {facts['refused']}. Way out: {facts['way_out']}. "
+        f"(`python -m commhooks_lab doctor` says more; {VARIABLE}=0 silences this.)"
     )
 
 

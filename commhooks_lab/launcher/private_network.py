@@ -233,7 +233,7 @@ def _refusal(exc: OSError) -> dict:
     if _read("/proc/sys/user/max_user_namespaces") == "0" or exc.errno == errno.ENOSPC:
         return {
             "refused": "this machine allows no more user namespaces (user.max_user_namespaces is 0 or used up)",
-            "way_out": "only the machine's owner can allow them (`sysctl -w user.max_user_namespaces=10000`, on a "
+            "way_out": "the machine's owner can allow them: `sudo sysctl -w user.max_user_namespaces=10000` (on a "
             "container's host: a container cannot raise it)",
         }
     return {

@@ -84,9 +84,10 @@ def replay(study: str, arguments: Mapping[str, Any], asked: str) -> Any:
                 machine = run["recorded_on"]
                 notes.say(
                     "recorded_links",
-                    f"{asked} cannot be built here ({private_network.facts()['refused']}). What follows is the run "
-                    f"recorded on a machine that could ({machine['cpu']}, torch {machine['torch']}, "
-                    f"{machine['date']}), not one on this machine.",
+                    f"{asked} cannot be built here: {private_network.facts()['refused']}. What follows was measured "
+                    f"on a machine that could ({machine['cpu']}, torch {machine['torch']}, {machine['date']}), not "
+                    "on this one.",
+                    stacklevel=3,
                 )
                 return run["data"]
     raise private_network.NetworkUnavailableError(
@@ -137,7 +138,7 @@ def links_report() -> dict | None:
         return None
     sections = "; ".join(link_sections())
     return {
-        "seen": f"no rate-limited links here ({facts['refused']}): these sections show runs recorded on a machine "
+        "seen": f"no rate-limited links here: {facts['refused']}. These sections show runs recorded on a machine "
         f"that could: {sections}",
         "advice": f"{facts['way_out']}. Elsewhere: " + "; ".join(COMMON_WAYS_OUT),
     }
