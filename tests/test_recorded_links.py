@@ -74,6 +74,8 @@ def test_a_call_nobody_recorded_is_refused_naming_every_link_it_asked_for(tmp_pa
     assert CAUSE in str(e.value) and WAY_OUT in str(e.value) and "no run of this call was recorded" in str(e.value)
     with pytest.raises(NetworkUnavailableError, match=r"link='10mbit' cannot be built on this machine"):
         links.race(["allreduce"], link="10mbit", seeds=(0,), steps=4)
+    with pytest.raises(ValueError, match="not a rate"):  # a wrong spec is the learner's to fix, here too
+        links.time_hooks(HOOKS, links=("unlimited", "fast"))
 
 
 def _result(seed: int) -> Result:

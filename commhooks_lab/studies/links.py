@@ -252,9 +252,12 @@ def time_hooks(
     ``seconds`` each, :func:`measure_link`).
     ``noop`` runs first behind every link: the step of the same engine with no communication, the model's base.
     ``steps_for``: fewer steps behind slow links, e.g. ``{"10mbit": 4}``; every run keeps ``WARMUP_STEPS``
-    out of its statistics.
+    out of its statistics. Where this machine cannot build links: the run of this same call recorded on one that
+    could (:func:`.recorded.replay`, which says so), else ``NetworkUnavailableError`` naming the links.
     """
     hooks = {BASE: BASE, **(HOOKS if hooks is None else hooks)}
+    for link in links:
+        as_link(link)  # a wrong spec is refused as such, wherever it runs
     arguments = dict(hooks=hooks, links=links, model=model, world_size=world_size, steps=steps, repeats=repeats,
                      steps_for=steps_for, transfers=transfers, seconds=seconds)  # fmt: skip
     if private_network.why_unavailable() is not None:
@@ -407,7 +410,8 @@ def crossings(timed: LinkTimes, costs: Mapping[str, float], baseline: str = "all
 
 def race(hooks: Sequence[str], link: str, seeds: Sequence[int] = (0,), **settings) -> ResultSet:
     """Every hook behind ``link``, once per seed (``lab.compare(hooks, link=link, seed=seed, **settings)``): the
-    runs :func:`time_to_accuracy` reads."""
+    runs :func:`time_to_accuracy` reads. Where this machine cannot build links, as :func:`time_hooks`."""
+    as_link(link)
     arguments = dict(hooks=list(hooks), link=link, seeds=list(seeds), **settings)
     if private_network.why_unavailable() is not None:
         runs = recorded.replay("race", arguments, f"link={link!r}")
