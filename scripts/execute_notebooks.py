@@ -86,10 +86,12 @@ def install_recording(nb: nbformat.NotebookNode, stem: str, recording: Path) -> 
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(kept, indent=1) + "\n")
         return f"recorded {len(runs)} run(s) behind links"
-    if target.is_file() and private_network.why_unavailable() is None:
+    if not target.is_file():
+        return None
+    if private_network.why_unavailable() is None:
         target.unlink()
         return "no runs behind links any more: its recording is removed"
-    return None
+    return "no links can be built here: its runs behind links were replayed, and its recording stays as it was"
 
 
 def existing_notebook(arg: str) -> Path:

@@ -50,3 +50,22 @@ def test_a_notebooks_runs_behind_links_are_installed_with_its_code_digest_and_ma
     assert [(r["study"], r["arguments"], r["data"]) for r in installed["runs"]] == [
         ("time_hooks", {"links": ["a"]}, {"ms": 1 / 3})
     ]
+
+
+@pytest.mark.parametrize("links_here", [True, False])
+def test_a_recording_nothing_remade_goes_where_links_build_and_stays_where_they_cannot(
+    tmp_path, monkeypatch, capsys, links_here
+):
+    """Where links build, a notebook that recorded nothing makes no runs behind links: its old recording would be
+    stale. Where they cannot, its runs were replays of that recording, which must stay."""
+    from commhooks_lab.launcher import private_network
+
+    refused = None if links_here else "no namespaces (simulated)"
+    monkeypatch.setattr(private_network, "facts", lambda: {"refused": refused, "way_out": "none", "netem": False})
+    monkeypatch.setattr(recorded, "DIRECTORY", tmp_path / "recorded")
+    (tmp_path / "recorded").mkdir()
+    old = tmp_path / "recorded" / "11_race.json"
+    old.write_text('{"runs": []}')
+    assert execute_notebooks.main([str(_notebook(tmp_path / "11_race.ipynb", "print(11)"))]) == 0
+    assert old.exists() is not links_here
+    assert ("recording is removed" if links_here else "its recording stays as it was") in capsys.readouterr().out
