@@ -38,6 +38,15 @@ MAX_SEED = 2**32 - 1 - 1000 * 100
 MAX_STEPS = 10**7
 #: More than this is no bucket a laptop holds (DDP multiplies it by 2**20 into an int).
 MAX_BUCKET_CAP_MB = 1024.0**2
+#: The optimizers take lr into float32 tensor arithmetic, Adam as lr / (1 - 0.9) at its first step: above about
+#: 3.4e38 / 10 a rank fails with "value cannot be converted to type float without overflow". 1e30 leaves room.
+MAX_LR = 1e30
+#: A run's ranks must meet within timeout_s; gloo rounds 1e-9 s down to 0 ms and times out at once.
+MIN_RUN_TIMEOUT_S = 1.0
+#: The fields that hold whole numbers and real numbers: a numpy scalar (``for seed in np.arange(3)``) is taken
+#: as the Python number it is, which torch, random and json all accept.
+_INT_FIELDS = ("world_size", "steps", "batch_size", "seed", "eval_every", "checkpoint_at")
+_REAL_FIELDS = ("lr", "bucket_cap_mb", "timeout_s")
 
 
 def _positive(name: str, value, kind=numbers.Real, most: float = math.inf) -> None:
@@ -95,6 +104,7 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         self.hook, self.state_options = split_spec(self.hook, self.state_options)  # "topk[ratio=0.05]"
+        _as_python_numbers(self)
         for name in ("checkpoint_dir", "resume_from"):
             if getattr(self, name) is not None:
                 setattr(self, name, os.fspath(getattr(self, name)))
@@ -126,7 +136,14 @@ class ExperimentConfig:
         _check_timing(self)
         _positive("steps", self.steps, numbers.Integral, most=MAX_STEPS)
         _positive("batch_size", self.batch_size, numbers.Integral, most=MAX_STEPS)
-        _positive("lr", self.lr)
+        _positive("lr", self.lr, most=MAX_LR)
+        if self.timeout_s < MIN_RUN_TIMEOUT_S:  # a number > 0 by now (check_common_options)
+            raise ValueError(
+                f"timeout_s={self.timeout_s!r} is shorter than the ranks can meet in: give at least "
+                f"{MIN_RUN_TIMEOUT_S:g} s (the default is {DEFAULT_TIMEOUT_S:g})"
+            )
+        if self.label is not None and not isinstance(self.label, str):
+            raise TypeError(f"label must be a string (it names the run in tables and files), got {self.label!r}")
         _positive("bucket_cap_mb", self.bucket_cap_mb, most=MAX_BUCKET_CAP_MB)
         _non_negative_int("seed", self.seed, most=MAX_SEED)
         _non_negative_int("eval_every", self.eval_every, " (0: evaluate at the end only)")
@@ -199,6 +216,18 @@ class ExperimentConfig:
                 value = f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}"
             out[f.name] = value
         return out
+
+
+def _as_python_numbers(config: ExperimentConfig) -> None:
+    """numpy integer and float scalars in the numeric fields become Python ints and floats (bools stay refused)."""
+    for name in _INT_FIELDS + _REAL_FIELDS:
+        value = getattr(config, name)
+        if isinstance(value, bool) or type(value) in (int, float):
+            continue
+        if isinstance(value, numbers.Integral):
+            setattr(config, name, int(value))
+        elif name in _REAL_FIELDS and isinstance(value, numbers.Real):
+            setattr(config, name, float(value))
 
 
 def fsdp2_hooks() -> list[str]:

@@ -42,5 +42,5 @@ def parse_json(data: bytes, where: object, advice: str) -> Any:
     except RecursionError:
         problem = "nests its lists and objects deeper than Python's parser goes"
     except json.JSONDecodeError as exc:
-        problem = f"is not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+        problem = f"is damaged: not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
     raise UnsafeFileError(f"{shown(where)} {problem}: {advice}")
