@@ -17,9 +17,10 @@ from typing import Any
 
 from ..hooks import registry
 from ..hooks.choice import HookChoice, check_hook_choice, split_spec
+from ..launcher.link import Link, payload_share
 from ..launcher.options import DEFAULT_TIMEOUT_S, check_common_options, check_launch_options, check_link
 from ..launcher.rank_server import DEFAULT_START_METHOD
-from .models import effective_seed, resolve_task_factory
+from .models import TASKS, effective_seed, resolve_task_factory
 
 __all__ = ["COMPILE_BACKEND", "COMPILE_MODES", "ExperimentConfig", "fsdp2_hooks"]
 
@@ -125,7 +126,7 @@ class ExperimentConfig:
         effective_seed(0)  # a bad COMMHOOKS_LAB_SEED_SET is refused here, not in every rank after they start
         if local:
             backend = check_launch_options(self.world_size, self.backend, self.timeout_s, "spawn")
-            check_link(self.link, DEFAULT_START_METHOD, backend)
+            _check_link_carries_the_model(self, check_link(self.link, DEFAULT_START_METHOD, backend))
         else:
             check_common_options(self.world_size, self.backend, self.timeout_s)
             if self.link is not None:
@@ -216,6 +217,26 @@ class ExperimentConfig:
                 value = f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}"
             out[f.name] = value
         return out
+
+
+def _check_link_carries_the_model(config: ExperimentConfig, link: Link | None) -> None:
+    """Refuse a link too slow to send the model once within timeout_s: DDP's first act (``_sync_module_states``)
+    broadcasts rank 0's parameters and buffers to every other rank in one gloo operation, and gloo gives up after
+    timeout_s with only "Timed out waiting ... for send operation". The estimate is a floor (rate and headers
+    alone), so a run it refuses would surely fail; only the lab's own models are built here to count their bytes."""
+    if link is None or link.rate_bits is None or config.model not in TASKS:
+        return
+    model = resolve_task_factory(config.model)(0).model
+    tensors = [*model.parameters(), *model.buffers()]
+    model_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    seconds = 8 * model_bytes * (config.world_size - 1) / (link.rate_bits * payload_share())
+    if seconds > config.timeout_s:
+        raise ValueError(
+            f"link={link.spec!r} is too slow for model={config.model!r}: DDP first sends rank 0's {model_bytes:,} "
+            f"bytes of parameters to the other {config.world_size - 1} rank(s), at least {seconds:.0f} s through rank "
+            f"0's link, and gloo gives up after timeout_s={config.timeout_s:g} s. Use a faster link, a smaller "
+            f"model, or timeout_s={math.ceil(2 * seconds)}"
+        )
 
 
 def _as_python_numbers(config: ExperimentConfig) -> None:
