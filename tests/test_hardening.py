@@ -222,14 +222,16 @@ def test_a_saved_result_with_a_wrong_field_is_refused_naming_the_file_and_the_fi
         lab.load(bad)
 
 
-def test_a_file_too_large_for_a_result_is_refused_after_reading_at_most_the_limit(tmp_path, monkeypatch):
+def test_a_file_too_large_for_a_result_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    import os
+
     from commhooks_lab import result
 
     monkeypatch.setattr(result, "MAX_FILE_BYTES", 1000)
     big = tmp_path / "big.json"
     big.write_bytes(b" " * 2000)
-    monkeypatch.setattr(Path, "read_text", lambda *a, **k: pytest.fail("read a file whole"))
-    with pytest.raises(ValueError, match=r"big\.json holds more than 1,000 bytes, more than any file the lab writes"):
+    monkeypatch.setattr(os, "read", lambda *a, **k: pytest.fail("read a file over the limit"))
+    with pytest.raises(ValueError, match=r"big\.json is 2,000 bytes, more than any file the lab writes"):
         lab.load(big)
 
 

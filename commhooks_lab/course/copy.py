@@ -68,7 +68,7 @@ def _written_before(top: Folder, done: CourseCopy) -> dict[str, str]:
     if not stat.S_ISREG(mode):
         raise top.refusal(MANIFEST, mode)  # a link, a FIFO, a device: refused by name, never opened
     try:
-        recorded = parse_json(top.read(MANIFEST, MAX_MANIFEST_BYTES), top.path / MANIFEST, ADVICE)
+        recorded = parse_json(top.read(MANIFEST, MAX_MANIFEST_BYTES), top.path / MANIFEST, "the lab's record is lost")
     except UnsafeFileError as exc:  # damaged (cut short, hand-edited, too large): nothing counts as untouched
         done.notes.append(f"note: {exc}; files that differ from the course are kept as your edits")
         return {}
@@ -87,7 +87,9 @@ class _Tree:
     """The learner's folder and the folders in it, each opened once (no link followed), closed together."""
 
     def __init__(self, top: Folder):
-        self.top, self.opened, self.made = top, {Path("."): top}, []
+        self.top = top
+        self.opened: dict[Path, Folder] = {Path("."): top}
+        self.made: list[Path] = []
 
     def folder(self, relative: Path, create: bool) -> Folder | None:
         if relative in self.opened:

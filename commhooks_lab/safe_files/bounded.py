@@ -16,10 +16,14 @@ def read_regular(fd: int, where: object, limit: int, advice: str) -> bytes:
     """Every byte of the open file ``fd`` if it is a regular file of at most ``limit`` bytes; else a refusal
     naming ``where``. The check is on the descriptor (``fstat``), so a name swapped after it was looked at
     cannot slip a FIFO or a device in."""
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        raise UnsafeFileError(f"{shown(where)} is {kind_of(mode)}, not a regular file: {advice}")
-    chunks, total = [], 0
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise UnsafeFileError(f"{shown(where)} is {kind_of(info.st_mode)}, not a regular file: {advice}")
+    if info.st_size > limit:  # a regular file's size is honest: refused before a byte is read (a sparse 100 GB)
+        size = f"{info.st_size:,} bytes"
+        raise FileTooLarge(f"{shown(where)} is {size}, more than any file the lab writes there: {advice}")
+    chunks: list[bytes] = []
+    total = 0
     while True:
         chunk = os.read(fd, min(_CHUNK, limit + 1 - total))
         if not chunk:
