@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from test_checkpoint import _fake_checkpoint  # run.json and both ranks' files of one save, no ranks
 
 import commhooks_lab as lab
 from commhooks_lab import ExperimentConfig
@@ -25,14 +26,6 @@ CHECK = (
     "import sys; from commhooks_lab import ExperimentConfig; "
     "ExperimentConfig(steps=10, resume_from=sys.argv[1]).check()"
 )
-
-
-def _fake_checkpoint(folder, config: ExperimentConfig, step: int = 4, save_id: str = "one-save") -> None:
-    """run.json and both ranks' files of one save, as save_checkpoint writes them (no ranks needed)."""
-    for rank in range(config.world_size):
-        checkpoint.commit(checkpoint.stage_rank(folder, rank, {"step": step}, save_id))
-    meta = {"config": config.to_dict(), "step": step, "world_size": config.world_size, "save_id": save_id}
-    checkpoint.write_run(folder, meta)
 
 
 def _limit_memory():  # main listed 10**9 rank files: keep that from the machine
