@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+import commhooks_lab as lab
 from commhooks_lab import ExperimentConfig
 from commhooks_lab.launcher import cluster
 from commhooks_lab.launcher.link import as_link
@@ -48,6 +49,25 @@ def test_a_hang_under_the_process_limit_names_the_limit(monkeypatch):
     assert "at most 12 processes and threads (ulimit -u) and runs 12" in str(hang)
     monkeypatch.setattr(limits, "_threads_of_this_account", lambda: 3)  # far from the limit: not blamed
     assert "ulimit" not in str(waiting._hang(StepWatch(2), [1], 60.0, [], watchdog=True))
+
+
+def _refused_a_thread(ctx):
+    raise RuntimeError("Resource temporarily unavailable")  # what gloo's ProcessGroupGloo raised under ulimit -u 12
+
+
+def test_a_rank_refused_a_thread_names_the_process_limit(monkeypatch):
+    """Measured as a non-root account: under ulimit -u 12 and 14 every run ended "rank 0 raised RuntimeError:
+    Resource temporarily unavailable" (in ProcessGroupGloo), under 16 the notebook's own "can't start new thread"."""
+    from commhooks_lab import Cluster
+    from commhooks_lab.launcher import limits
+
+    monkeypatch.setattr(limits, "_enforced_limit", lambda: 12)
+    with Cluster(world_size=2) as ranks, pytest.raises(lab.WorkerError) as failed:
+        ranks.run(_refused_a_thread)
+    assert "Resource temporarily unavailable: the kernel refused a thread" in str(failed.value)
+    assert "at most 12 processes and threads (ulimit -u)" in str(failed.value)
+    monkeypatch.setattr(limits, "_enforced_limit", lambda: None)  # no limit held: nothing is blamed on one
+    assert limits.thread_refused_cause("Resource temporarily unavailable") == ""
 
 
 def test_the_thread_count_sees_this_process():

@@ -27,7 +27,7 @@ from . import isolation, rank_process, rank_server
 from .collective_log import left_out
 from .environment import child_environment, patched_environ
 from .errors import OtherRankFailed, RankFailure, WorkerError, WorkerTimeoutError, explain_death
-from .limits import process_limit_cause
+from .limits import process_limit_cause, thread_refused_cause
 from .link import Link
 from .oom import killed_for_memory, oom_kills
 from .options import DEFAULT_TIMEOUT_S, check_common_options, check_environment, check_launch_options, check_link
@@ -115,7 +115,13 @@ class _Delivery:
             for rank, conn in enumerate(conns)
         ]
         for thread in self._threads:
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError as exc:  # "can't start new thread": under ulimit -u, name the limit
+                cause = thread_refused_cause(str(exc))
+                if not cause:
+                    raise
+                raise RuntimeError(f"could not start a thread to send the ranks their task: {cause}") from exc
 
     def _send(self, rank: int, conn, message: bytes) -> None:
         try:
@@ -471,6 +477,7 @@ class Cluster:
                         f"raised {payload['type']}: {payload['message']}",
                         payload["traceback"],
                         collectives=payload.get("collectives"),
+                        detail=thread_refused_cause(payload["message"]),
                     )
                 )
                 pending.discard(rank)

@@ -1,12 +1,16 @@
-"""Name the process limit when it is what stopped a rank: under ``ulimit -u`` a rank that cannot start a thread
-(gloo starts several per peer) never joins a collective, and the hang looks like any other."""
+"""Name the process limit when it is what stopped a run: under ``ulimit -u`` the kernel refuses a thread, and
+gloo says only "Resource temporarily unavailable", Python "can't start new thread", or a rank that could not start
+one never joins a collective and the hang looks like any other."""
 
 from __future__ import annotations
 
 import os
 import resource
 
-__all__ = ["process_limit_cause"]
+__all__ = ["process_limit_cause", "thread_refused_cause"]
+
+#: What a rank raises when the kernel refuses it a thread: gloo's std::system_error (EAGAIN), and Python's.
+REFUSED_THREAD = ("Resource temporarily unavailable", "can't start new thread")
 
 
 def _enforced_limit() -> int | None:
@@ -47,4 +51,17 @@ def process_limit_cause() -> str:
         f"this account may run at most {limit} processes and threads (ulimit -u) and runs {used}: a rank that "
         "cannot start a thread never joins the collective, and the others wait for it. Raise the limit (ulimit -u "
         "4096 in the shell that starts Jupyter) or end other programs, then run again"
+    )
+
+
+def thread_refused_cause(message: str) -> str:
+    """The limit named when a rank raised because it was refused a thread under an enforced ``ulimit -u`` (gloo
+    then says only "Resource temporarily unavailable"), else ''."""
+    limit = _enforced_limit()
+    if limit is None or not any(words in message for words in REFUSED_THREAD):
+        return ""
+    return (
+        f"the kernel refused a thread: this account may run at most {limit} processes and threads (ulimit -u), and "
+        "each rank needs several (gloo's among them). Raise the limit (ulimit -u 4096 in the shell that starts "
+        "Jupyter) or end other programs, then run again"
     )
