@@ -572,7 +572,8 @@ class Cluster:
                 if counted
                 else ""
             )
-        return RankFailure(rank, "died", summary, stderr_tail=tail, detail=explanation or "")
+        explanation = explanation or process_limit_cause()  # gloo aborts a rank it could not give its threads
+        return RankFailure(rank, "died", summary, stderr_tail=tail, detail=explanation)
 
     def _server_died(self, settle_s: float = 0.5) -> bool:
         """Did the rank server die? Asked for a moment: its ranks can notice before it is a zombie we can see."""

@@ -49,8 +49,8 @@ def process_limit_cause() -> str:
         return ""
     return (
         f"this account may run at most {limit} processes and threads (ulimit -u) and runs {used}: a rank that "
-        "cannot start a thread never joins the collective, and the others wait for it. Raise the limit (ulimit -u "
-        "4096 in the shell that starts Jupyter) or end other programs, then run again"
+        "cannot start a thread fails, or never joins the collective and the others wait for it. Raise the limit "
+        "(ulimit -u 4096 in the shell that starts Jupyter) or end other programs, then run again"
     )
 
 
