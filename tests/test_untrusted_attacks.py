@@ -121,3 +121,19 @@ def test_compare_refuses_a_link_where_it_writes_inside_out(victim, name):
     os.symlink("../victimdir" if name == "results" else "../victim.txt", out / name)
     with pytest.raises(ValueError, match=f"{name} is a link or not a file"):
         cli._check_out(out)
+
+
+def test_a_device_node_itself_in_the_folders_is_refused_without_being_opened(tmp_path):
+    """A device node (not a link to one), as a tar extracted by root can hold: never opened, refused by name."""
+    try:
+        os.mknod(tmp_path / "01_bf16.json", stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero's numbers
+    except OSError:
+        pytest.skip("making a device node needs root (and a container that allows it)")
+    (tmp_path / "notebooks").mkdir()
+    os.mknod(tmp_path / NOTEBOOK, stat.S_IFCHR | 0o600, os.makedev(1, 5))
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"01_bf16\.json is a character device"):
+        lab.load(tmp_path)
+    with pytest.raises(ValueError, match=f"{NOTEBOOK} is a character device"):
+        copy_course(tmp_path)
+    assert time.monotonic() - started < 1
