@@ -81,8 +81,19 @@ def comparison_configs(args: argparse.Namespace):
     return configs
 
 
+#: What the comparison writes into ``--out``: each is the lab's, so a link or a FIFO planted there is refused.
+OUT_NAMES = ("results", "summary.csv", "overview.png")
+
+
 def _check_out(out: Path) -> None:
-    """Refuse an ``--out`` the results could not be written to before the comparison runs, not after."""
+    """Refuse an ``--out`` the results could not be written to before the comparison runs, not after; a link
+    where the lab writes inside it (a run folder handed around) would send the files elsewhere."""
+    for name in OUT_NAMES:
+        if (out / name).is_symlink() or (out / name).exists() and not ((out / name).is_file() or name == "results"):
+            raise ValueError(
+                f"--out {out}: {out / name} is a link or not a file; the lab writes its own {name} there. Remove it, "
+                "or give another --out"
+            )
     try:
         (out / "results").mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):

@@ -14,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from .safe_files import Folder, parse_json, read_file, shown
+
 __all__ = ["from_ranks", "load", "Result", "ResultSet", "VERSION"]
 
 FORMAT = "commhooks_lab.Result"
@@ -117,9 +119,12 @@ class Result:
         }
 
     def save(self, path) -> Path:
+        """Write the result whole under a hidden name, then rename it to ``path``: a link already at ``path`` is
+        replaced, never written through, and a full disk leaves no half file."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), indent=1, allow_nan=True))
+        text = json.dumps(self.to_json(), indent=1, allow_nan=True)
+        with Folder.open(path.parent, "remove it, or save under another name", create=True) as folder:
+            folder.write(path.name, text.encode())
         return path
 
     def __repr__(self) -> str:
@@ -156,62 +161,92 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text).strip("_")
 
 
-#: The largest file lab.load reads (it reads a file whole): far above any run the lab allows, below a machine's memory.
-MAX_FILE_BYTES = 512 << 20
+#: The largest file lab.load reads (it reads a file whole, and JSON takes ~10x its size in memory): a 1,000-step
+#: run of the widest model saves a few MB.
+MAX_FILE_BYTES = 64 << 20
 #: The fields of a saved Result, and what each must be.
 _FIELDS = {"config": dict, "steps": dict, "layers": dict, "notes": list, "env": dict, "final": dict}
+#: The column types the lab saves (``str(dtype)``); any other is refused before pandas tries it (an extension
+#: type may import a library that is missing, ``"S2000000000"`` asks for 2 GB per value).
+SAVED_DTYPES = frozenset(
+    ["bool", "object", "str", "float32", "float64"] + [f"{u}int{b}" for u in ("", "u") for b in (8, 16, 32, 64)]
+)
+#: What lab.load tells a learner whose file it refuses.
+_ADVICE = "lab.load reads what result.save(path) wrote, or a folder of such files"
 
 
 def _frame(path: Path, name: str, data: dict) -> pd.DataFrame:
     """A saved table, checked: ``columns`` names, one dtype per column, rows as long as the columns."""
     columns, dtypes, rows = data.get("columns"), data.get("dtypes"), data.get("data")
     if not isinstance(columns, list) or not all(isinstance(c, str) for c in columns):
-        raise ValueError(f"{path}: {name}.columns must be a list of column names")
+        raise ValueError(f"{shown(path)}: {name}.columns must be a list of column names")
+    if len(set(columns)) != len(columns):
+        twice = sorted({c for c in columns if columns.count(c) > 1})
+        raise ValueError(f"{shown(path)}: {name}.columns names {twice} more than once; each column is named once")
     if (
         not isinstance(dtypes, dict)
         or set(dtypes) != set(columns)
         or not all(isinstance(t, str) for t in dtypes.values())
     ):
-        raise ValueError(f"{path}: {name}.dtypes must give one dtype name for each of {name}.columns")
+        raise ValueError(f"{shown(path)}: {name}.dtypes must give one dtype name for each of {name}.columns")
+    unknown = {c: t for c, t in dtypes.items() if t not in SAVED_DTYPES}
+    if unknown:
+        raise ValueError(
+            f"{shown(path)}: {name}.dtypes {unknown} are not types the lab saves ({', '.join(sorted(SAVED_DTYPES))})"
+        )
     if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == len(columns) for r in rows):
-        raise ValueError(f"{path}: {name}.data must be a list of rows, each with {len(columns)} values")
+        raise ValueError(f"{shown(path)}: {name}.data must be a list of rows, each with {len(columns)} values")
     try:
         return _frame_from_json(data)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"{path}: {name} does not match its dtypes ({exc})") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ValueError(f"{shown(path)}: {name} does not match its dtypes ({exc})") from None
+
+
+def _check_final(path: Path, final: dict) -> None:
+    """The fields of ``final`` that tables and checks read: digests as strings, loss and accuracy as numbers."""
+    digests = final.get("param_digests", [])
+    if not isinstance(digests, list) or not all(isinstance(d, str) for d in digests):
+        raise ValueError(f"{shown(path)}: final.param_digests must be a list of strings (one per rank)")
+    for key in ("loss", "accuracy"):
+        value = final.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{shown(path)}: final.{key} must be a number, found {type(value).__name__}")
+
+
+def _load_folder(path: Path) -> ResultSet:
+    """Every ``*.json`` in ``path``, in name order; a link, FIFO, device or folder among them is refused by name."""
+    results = ResultSet()
+    with Folder.open(path, "copy the result file itself there, or load it by its own path") as folder:
+        for name in folder.names():
+            if name.endswith(".json") and not name.startswith("."):
+                results.append(_parse(path / name, folder.read(name, MAX_FILE_BYTES)))
+    return results
 
 
 def load(path) -> Result | ResultSet:
     """Read a saved Result (a .json file), or a folder of them as a ResultSet; a file that is not one is refused
-    with the field that is wrong."""
+    with the field that is wrong. No link inside a folder is followed, and no FIFO or device is opened."""
     path = Path(path)
     if path.is_dir():
-        return ResultSet(load(p) for p in sorted(path.glob("*.json")))
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise ValueError(
-            f"{path} is {size:,} bytes: no saved Result is that large (lab.load reads at most "
-            f"{MAX_FILE_BYTES >> 20} MiB, whole)"
-        )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(
-            f"{path} is not a saved commhooks_lab Result (not JSON text: {str(exc)[:200]}); lab.load reads what "
-            "result.save(path) wrote, or a folder of such files"
-        ) from None
+        return _load_folder(path)
+    return _parse(path, read_file(path, MAX_FILE_BYTES, _ADVICE))
+
+
+def _parse(path: Path, raw: bytes) -> Result:
+    data = parse_json(raw, path, f"it is not a saved commhooks_lab Result; {_ADVICE}")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a saved commhooks_lab Result")
+        raise ValueError(f"{shown(path)} is not a saved commhooks_lab Result; {_ADVICE}")
     if data.get("version") != VERSION:
-        raise ValueError(f"{path} has Result format version {data.get('version')}; this lab reads {VERSION}")
+        raise ValueError(f"{shown(path)} has Result format version {data.get('version')}; this lab reads {VERSION}")
     for name, kind in _FIELDS.items():
         if not isinstance(data.get(name), kind):
             found = "missing" if name not in data else f"a {type(data[name]).__name__}"
-            raise ValueError(f"{path}: field {name!r} must be a {kind.__name__}, found {found}")
+            raise ValueError(f"{shown(path)}: field {name!r} must be a {kind.__name__}, found {found}")
     if not all(isinstance(note, str) for note in data["notes"]):
-        raise ValueError(f"{path}: field 'notes' must be a list of strings")
+        raise ValueError(f"{shown(path)}: field 'notes' must be a list of strings")
     if not isinstance(data.get("sample"), (dict, type(None))):
-        raise ValueError(f"{path}: field 'sample' must be a dict or null")
+        raise ValueError(f"{shown(path)}: field 'sample' must be a dict or null")
+    _check_final(path, data["final"])
     return Result(
         data["config"],
         _frame(path, "steps", data["steps"]),

@@ -229,13 +229,14 @@ LAYERS = {
     "launcher": set(),
     "_compat": set(),
     "_util": set(),
+    "safe_files": set(),
     "hooks": {"_compat", "_util"},
     "measure": {"hooks", "_compat", "_util"},
-    "engine": {"launcher", "hooks", "measure", "_compat", "_util"},
-    "result": set(),
-    "course": set(),
-    "experiment": {"launcher", "hooks", "measure", "engine", "result", "_compat", "_util"},
-    "studies": {"launcher", "hooks", "measure", "engine", "experiment", "result", "_compat", "_util"},
+    "engine": {"launcher", "hooks", "measure", "_compat", "_util", "safe_files"},
+    "result": {"safe_files"},
+    "course": {"safe_files"},
+    "experiment": {"launcher", "hooks", "measure", "engine", "result", "_compat", "_util", "safe_files"},
+    "studies": {"launcher", "hooks", "measure", "engine", "experiment", "result", "_compat", "_util", "safe_files"},
 }
 
 

@@ -21,6 +21,7 @@ import errno
 import inspect
 import json
 import os
+import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .._util import quiet_logger
+from ..safe_files import Folder, UnsafeFileError, parse_json
 
 __all__ = [
     "check_resume",
@@ -189,16 +191,21 @@ def _write_whole(path: Path, write: Callable[[BinaryIO], Any]) -> None:
     os.replace(_write_partial(path, write), path)
 
 
-def _read_bytes(path: Path) -> bytes:
-    """A file's bytes, not through a link."""
+#: The most the lab reads of a checkpoint file: a rank's tensors (the widest model's weights and optimizer state
+#: are tens of MB), or the JSON beside them (run.json holds every row measured so far).
+MAX_TENSORS_BYTES = 4 << 30
+MAX_JSON_BYTES = 64 << 20
+#: What a refusal of a checkpoint's file tells the learner to do.
+_ADVICE = "a checkpoint folder holds only the files the lab wrote; save the checkpoint again, or resume from another"
+
+
+def _read_bytes(path: Path, limit: int) -> bytes:
+    """A checkpoint file's bytes: a regular file in its folder, not through a link, never a FIFO or a device."""
     try:
-        fd = os.open(path, _READ)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise CheckpointError(f"cannot read {path} ({exc}): a link or an unreadable file") from exc
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+        with Folder.open(path.parent, _ADVICE) as folder:
+            return folder.read(path.name, limit)
+    except UnsafeFileError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def stage_tree(stem: Path, tree: Any, save_id: str = "") -> list[Path]:
@@ -235,26 +242,30 @@ def save_tree(stem: Path, tree: Any, save_id: str = "") -> None:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(_read_bytes(path).decode("utf-8"))
-    except FileNotFoundError:
-        raise
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path} is damaged ({exc}): save the checkpoint again, or resume from another") from exc
+        return parse_json(_read_bytes(path, MAX_JSON_BYTES), path, _ADVICE)
+    except UnsafeFileError as exc:  # damaged, too deep, an integer of thousands of digits: named, not bare
+        raise CheckpointError(str(exc)) from None
+
+
+def _refusal_reason(exc: Exception) -> str:
+    """Why torch.load refused a file, in its own words, without its advice to load with ``weights_only=False``
+    (which runs whatever code the file holds): the unpickler's verdict line where it gives one."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    verdict = next((line.split(". ")[0] for line in lines if line.startswith("WeightsUnpickler error")), None)
+    return f"{type(exc).__name__}: {verdict or (lines[0] if lines else '')}"[:300]
 
 
 def _read_tensors(path: Path) -> dict:
     import io
 
+    data = _read_bytes(path, MAX_TENSORS_BYTES)
     try:
-        return torch.load(io.BytesIO(_read_bytes(path)), map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except CheckpointError:
-        raise
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated file, or one holding more than tensors (weights_only refuses it)
         raise CheckpointError(
-            f"{path} cannot be read as tensors ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}): damaged, or "
-            "not written by the lab; save the checkpoint again, or resume from another"
+            f"{path} cannot be read as tensors ({_refusal_reason(exc)}): damaged, or not written by the lab. The lab "
+            "reads checkpoints with weights_only=True and never otherwise: loading this file with weights_only=False "
+            "would run any code it holds; save the checkpoint again, or resume from another"
         ) from exc
 
 
@@ -371,17 +382,33 @@ def _saved_step(document: Any) -> Any:
     return next((item[1].get("value") for item in items if isinstance(item, list) and item[:1] == ["step"]), None)
 
 
-def check_files(folder: str | Path) -> dict:
+def _rank_files_present(folder: Path) -> int:
+    """How many ranks' files the folder holds, counted from one listing (no name is probed)."""
+    try:
+        with Folder.open(folder, _ADVICE) as opened:
+            names = opened.names()
+    except UnsafeFileError as exc:
+        raise CheckpointError(str(exc)) from None
+    return len({name[4:].split(".")[0] for name in names if re.fullmatch(r"rank[0-9]+\.(json|pt)", name)})
+
+
+def check_files(folder: str | Path, meta: dict | None = None) -> dict:
     """run.json and every rank's two files: present, readable, and all from the same save; else which is not.
 
     Run in the notebook before any rank starts, so a mixed, damaged or incomplete folder is refused with the
     files it names instead of ranks that resume with different weights, or hang waiting for each other.
     """
     folder = Path(folder)
-    meta = read_run(folder)
+    meta = read_run(folder) if meta is None else meta
     save_id = meta.get("save_id")
     if not save_id:
         raise CheckpointError(f"{folder / RUN_FILE} has no save id: it was written before checkpoints had one")
+    present = _rank_files_present(folder)
+    if present < meta["world_size"]:  # before probing rank0..N: a forged world_size of 10**9 is one comparison
+        raise CheckpointError(
+            f"checkpoint {folder} is incomplete: {RUN_FILE} says world_size={meta['world_size']}, the folder holds "
+            f"files for {present} ranks; save it again"
+        )
     mixed, missing = [], []
     for rank in range(int(meta["world_size"])):
         stem = _rank_stem(folder, rank)
@@ -415,7 +442,7 @@ def check_files(folder: str | Path) -> dict:
 
 def check_resume(config_dict: dict, folder: str | Path) -> dict:
     """The checkpoint's metadata, if ``config_dict`` continues the same experiment; else a clear error."""
-    meta = check_files(folder)
+    meta = read_run(folder)
     saved = meta["config"]
     now = json.loads(json.dumps(config_dict, default=str))  # compared as the checkpoint stored them
     differ = [
@@ -427,4 +454,4 @@ def check_resume(config_dict: dict, folder: str | Path) -> dict:
         raise ValueError(
             f"the checkpoint is at step {meta['step']}; steps={config_dict['steps']} leaves nothing to run"
         )
-    return meta
+    return check_files(folder, meta)  # the rank files last: the config above is compared without opening them

@@ -17,9 +17,10 @@ from typing import Any
 
 from ..hooks import registry
 from ..hooks.choice import HookChoice, check_hook_choice, split_spec
+from ..launcher.link import Link, payload_share
 from ..launcher.options import DEFAULT_TIMEOUT_S, check_common_options, check_launch_options, check_link
 from ..launcher.rank_server import DEFAULT_START_METHOD
-from .models import effective_seed, resolve_task_factory
+from .models import TASKS, effective_seed, resolve_task_factory
 
 __all__ = ["COMPILE_BACKEND", "COMPILE_MODES", "ExperimentConfig", "fsdp2_hooks"]
 
@@ -38,6 +39,15 @@ MAX_SEED = 2**32 - 1 - 1000 * 100
 MAX_STEPS = 10**7
 #: More than this is no bucket a laptop holds (DDP multiplies it by 2**20 into an int).
 MAX_BUCKET_CAP_MB = 1024.0**2
+#: The optimizers take lr into float32 tensor arithmetic, Adam as lr / (1 - 0.9) at its first step: above about
+#: 3.4e38 / 10 a rank fails with "value cannot be converted to type float without overflow". 1e30 leaves room.
+MAX_LR = 1e30
+#: A run's ranks must meet within timeout_s; gloo rounds 1e-9 s down to 0 ms and times out at once.
+MIN_RUN_TIMEOUT_S = 1.0
+#: The fields that hold whole numbers and real numbers: a numpy scalar (``for seed in np.arange(3)``) is taken
+#: as the Python number it is, which torch, random and json all accept.
+_INT_FIELDS = ("world_size", "steps", "batch_size", "seed", "eval_every", "checkpoint_at")
+_REAL_FIELDS = ("lr", "bucket_cap_mb", "timeout_s")
 
 
 def _positive(name: str, value, kind=numbers.Real, most: float = math.inf) -> None:
@@ -95,6 +105,7 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         self.hook, self.state_options = split_spec(self.hook, self.state_options)  # "topk[ratio=0.05]"
+        _as_python_numbers(self)
         for name in ("checkpoint_dir", "resume_from"):
             if getattr(self, name) is not None:
                 setattr(self, name, os.fspath(getattr(self, name)))
@@ -115,7 +126,7 @@ class ExperimentConfig:
         effective_seed(0)  # a bad COMMHOOKS_LAB_SEED_SET is refused here, not in every rank after they start
         if local:
             backend = check_launch_options(self.world_size, self.backend, self.timeout_s, "spawn")
-            check_link(self.link, DEFAULT_START_METHOD, backend)
+            _check_link_carries_the_model(self, check_link(self.link, DEFAULT_START_METHOD, backend))
         else:
             check_common_options(self.world_size, self.backend, self.timeout_s)
             if self.link is not None:
@@ -126,7 +137,14 @@ class ExperimentConfig:
         _check_timing(self)
         _positive("steps", self.steps, numbers.Integral, most=MAX_STEPS)
         _positive("batch_size", self.batch_size, numbers.Integral, most=MAX_STEPS)
-        _positive("lr", self.lr)
+        _positive("lr", self.lr, most=MAX_LR)
+        if self.timeout_s < MIN_RUN_TIMEOUT_S:  # a number > 0 by now (check_common_options)
+            raise ValueError(
+                f"timeout_s={self.timeout_s!r} is shorter than the ranks can meet in: give at least "
+                f"{MIN_RUN_TIMEOUT_S:g} s (the default is {DEFAULT_TIMEOUT_S:g})"
+            )
+        if self.label is not None and not isinstance(self.label, str):
+            raise TypeError(f"label must be a string (it names the run in tables and files), got {self.label!r}")
         _positive("bucket_cap_mb", self.bucket_cap_mb, most=MAX_BUCKET_CAP_MB)
         _non_negative_int("seed", self.seed, most=MAX_SEED)
         _non_negative_int("eval_every", self.eval_every, " (0: evaluate at the end only)")
@@ -199,6 +217,38 @@ class ExperimentConfig:
                 value = f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', repr(value))}"
             out[f.name] = value
         return out
+
+
+def _check_link_carries_the_model(config: ExperimentConfig, link: Link | None) -> None:
+    """Refuse a link too slow to send the model once within timeout_s: DDP's first act (``_sync_module_states``)
+    broadcasts rank 0's parameters and buffers to every other rank in one gloo operation, and gloo gives up after
+    timeout_s with only "Timed out waiting ... for send operation". The estimate is a floor (rate and headers
+    alone), so a run it refuses would surely fail; only the lab's own models are built here to count their bytes."""
+    if link is None or link.rate_bits is None or config.model not in TASKS:
+        return
+    model = resolve_task_factory(config.model)(0).model
+    tensors = [*model.parameters(), *model.buffers()]
+    model_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    seconds = 8 * model_bytes * (config.world_size - 1) / (link.rate_bits * payload_share())
+    if seconds > config.timeout_s:
+        raise ValueError(
+            f"link={link.spec!r} is too slow for model={config.model!r}: DDP first sends rank 0's {model_bytes:,} "
+            f"bytes of parameters to the other {config.world_size - 1} rank(s), at least {seconds:.0f} s through rank "
+            f"0's link, and gloo gives up after timeout_s={config.timeout_s:g} s. Use a faster link, a smaller "
+            f"model, or timeout_s={math.ceil(2 * seconds)}"
+        )
+
+
+def _as_python_numbers(config: ExperimentConfig) -> None:
+    """numpy integer and float scalars in the numeric fields become Python ints and floats (bools stay refused)."""
+    for name in _INT_FIELDS + _REAL_FIELDS:
+        value = getattr(config, name)
+        if isinstance(value, bool) or type(value) in (int, float):
+            continue
+        if isinstance(value, numbers.Integral):
+            setattr(config, name, int(value))
+        elif name in _REAL_FIELDS and isinstance(value, numbers.Real):
+            setattr(config, name, float(value))
 
 
 def fsdp2_hooks() -> list[str]:

@@ -27,6 +27,7 @@ from . import isolation, rank_process, rank_server
 from .collective_log import left_out
 from .environment import child_environment, patched_environ
 from .errors import OtherRankFailed, RankFailure, WorkerError, WorkerTimeoutError, explain_death
+from .limits import process_limit_cause, thread_refused_cause
 from .link import Link
 from .oom import killed_for_memory, oom_kills
 from .options import DEFAULT_TIMEOUT_S, check_common_options, check_environment, check_launch_options, check_link
@@ -114,7 +115,13 @@ class _Delivery:
             for rank, conn in enumerate(conns)
         ]
         for thread in self._threads:
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError as exc:  # "can't start new thread": under ulimit -u, name the limit
+                cause = thread_refused_cause(str(exc))
+                if not cause:
+                    raise
+                raise RuntimeError(f"could not start a thread to send the ranks their task: {cause}") from exc
 
     def _send(self, rank: int, conn, message: bytes) -> None:
         try:
@@ -470,6 +477,7 @@ class Cluster:
                         f"raised {payload['type']}: {payload['message']}",
                         payload["traceback"],
                         collectives=payload.get("collectives"),
+                        detail=thread_refused_cause(payload["message"]),
                     )
                 )
                 pending.discard(rank)
@@ -564,7 +572,8 @@ class Cluster:
                 if counted
                 else ""
             )
-        return RankFailure(rank, "died", summary, stderr_tail=tail, detail=explanation or "")
+        explanation = explanation or process_limit_cause()  # gloo aborts a rank it could not give its threads
+        return RankFailure(rank, "died", summary, stderr_tail=tail, detail=explanation)
 
     def _server_died(self, settle_s: float = 0.5) -> bool:
         """Did the rank server die? Asked for a moment: its ranks can notice before it is a zombie we can see."""
@@ -582,10 +591,12 @@ class Cluster:
         skipped = _left_out(failures, timed_out, self.world_size)
         if skipped is not None:
             return skipped
+        cause = process_limit_cause()  # the real cause, where the hang is the process limit's doing
         verdict = watch.verdict(silent, timeout_s, timed_out)
         if verdict is not None:
             listed = f" (ranks the others waited for: {verdict.ranks})" if len(verdict.ranks) > 1 else ""
-            failure = RankFailure(verdict.ranks[0], "timeout", verdict.summary + listed, step=verdict.step)
+            summary = verdict.summary + listed
+            failure = RankFailure(verdict.ranks[0], "timeout", summary, step=verdict.step, detail=cause)
             return WorkerTimeoutError(failure, _root_cause_first(failures) if failures else None)
         if not silent:
             return None
@@ -595,10 +606,11 @@ class Cluster:
                 f"gave no answer within timeout_s={timeout_s:g} s (ranks without an answer: {silent}){where}; "
                 "a rank that never joins a collective hangs the others"
             )
-            return WorkerTimeoutError(RankFailure(silent[0], "timeout", summary), failures)
+            return WorkerTimeoutError(RankFailure(silent[0], "timeout", summary, detail=cause), failures)
         first = _root_cause_first(failures)[0]
         summary = (
             f"gave no answer (ranks without an answer: {silent}) while rank {first.rank} gave up "
             f"waiting for it in a collective{where}: a rank that never joins a collective hangs the others"
         )
-        return WorkerTimeoutError(RankFailure(silent[0], "timeout", summary), _root_cause_first(failures))
+        failure = RankFailure(silent[0], "timeout", summary, detail=cause)
+        return WorkerTimeoutError(failure, _root_cause_first(failures))

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 __all__ = ["Link", "MTU", "as_link", "link_notes", "payload_share"]
 
-#: Bits per second for each unit tc knows as bits (tc(8): "kbit", "mbit", "gbit", "tbit"; powers of 1000).
-BIT_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+#: Bits per second for each unit tc knows as bits (tc(8): "bit", "kbit", "mbit", "gbit", "tbit"; powers of 1000).
+BIT_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 #: tc reads these as *bytes* per second ("mbps" is 8 Mbit/s): the classic slip, refused with the fix.
 BYTE_UNITS = {"bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9}
 #: Below this a 1 MB gradient takes longer than a lesson's timeout; above it no laptop's loopback keeps up.
@@ -96,10 +96,11 @@ def _rate(text: str, spec: object) -> float | None:
         raise ValueError(
             f"link={spec!r}: {unit!r} means bytes per second to tc ({number:g}{unit} = {_format_rate(bits)}); "
             f"the lab takes rates in bits per second, as network cards are sold: write {number:g}{unit[:-3]}bit "
-            f"for {number:g} {unit[:-3].upper() or ''}bit/s"
+            f"for {number:g} {unit[:-3].upper() or ''}bit/s, between {_format_rate(MIN_RATE_BITS)} and "
+            f"{_format_rate(MAX_RATE_BITS)}"
         )
     if unit not in BIT_UNITS:
-        raise ValueError(f"link={spec!r}: unknown unit {unit!r}; use kbit, mbit or gbit (bits per second)")
+        raise ValueError(f"link={spec!r}: unknown unit {unit!r}; use bit, kbit, mbit or gbit (bits per second)")
     bits = number * BIT_UNITS[unit]
     if not MIN_RATE_BITS <= bits <= MAX_RATE_BITS:
         raise ValueError(

@@ -246,7 +246,8 @@ def worker_main(
             channel.send(ERROR, _error_payload(exc, channel.collectives))
         else:
             channel.send(RESULT, value)
-    dist.destroy_process_group()
+    if dist.is_initialized():  # a task (a %%ddp cell) may have destroyed it already: that is reported there
+        dist.destroy_process_group()
     if link is not None:
         from .private_network import leave
 
