@@ -148,3 +148,15 @@ def test_a_task_whose_pipe_is_closed_mid_write_is_left_unsent_without_a_thread_e
     reader.close()
     assert raised == []
     assert delivery.unsent() == [0]
+
+
+@pytest.mark.parametrize("start", ["launch", "Cluster"])
+def test_a_timeout_too_short_for_ranks_to_meet_is_refused_before_any_rank_starts(start):
+    """gloo rounds 1e-9 s down to 0 ms: every rank would time out at once, each with its own traceback."""
+    import commhooks_lab as lab
+
+    with pytest.raises(ValueError, match=r"timeout_s=1e-09 is shorter than the ranks can meet in"):
+        if start == "launch":
+            lab.launch(os.getpid, world_size=2, timeout_s=1e-9)
+        else:
+            lab.Cluster(2, timeout_s=1e-9)

@@ -26,6 +26,8 @@ BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 30.0
 #: A wait longer than a week is a mistake, not a lesson (and ``timedelta`` overflows long before infinity).
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+#: Ranks must meet within timeout_s; gloo rounds 1e-9 s down to 0 ms and times out at once.
+MIN_TIMEOUT_S = 1.0
 
 
 def max_local_world_size() -> int:
@@ -54,6 +56,11 @@ def check_common_options(world_size, backend, timeout_s) -> None:
         raise ValueError(
             f"timeout_s must be a finite number of seconds, more than 0 and at most {MAX_TIMEOUT_S:g} (a week), "
             f"got {timeout_s!r}"
+        )
+    if timeout_s < MIN_TIMEOUT_S:
+        raise ValueError(
+            f"timeout_s={timeout_s!r} is shorter than the ranks can meet in: give at least "
+            f"{MIN_TIMEOUT_S:g} s (the default is {DEFAULT_TIMEOUT_S:g})"
         )
     if backend is not None and backend not in BACKENDS:
         raise ValueError(
