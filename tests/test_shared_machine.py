@@ -232,10 +232,42 @@ def _as_account(uid: int, max_fds: int | None = None):
     return drop
 
 
+def _link_tree(source: Path, target: Path, owner: int) -> None:
+    """``target`` mirrors ``source`` in hard links (no bytes copied; each file keeps its owner and mode), its
+    folders ``owner``'s. A file other accounts may not read, or one on another filesystem, is copied to ``owner``."""
+    for folder, _, files in os.walk(source):  # with __pycache__: recompiling torch's modules took the learner 60 s
+        here = target / Path(folder).relative_to(source)
+        here.mkdir(parents=True)
+        os.chown(here, owner, owner)  # whatever this umask made it, the owner may enter it
+        for name in files:
+            src, dst = Path(folder) / name, here / name
+            try:
+                if not os.stat(src).st_mode & stat.S_IROTH:
+                    raise PermissionError(src)
+                os.link(src, dst)
+            except OSError:  # EXDEV, EPERM (fs.protected_hardlinks) or a file private to its owner
+                shutil.copy2(src, dst, follow_symlinks=True)
+                os.chown(dst, owner, owner)
+
+
+@pytest.fixture(scope="module")
+def learners_packages():
+    """A PYTHONPATH the learner account can read: this checkout's package and this venv's packages, linked into a
+    folder it owns. The clone and its venv may lie in a folder no other account can enter (``/root``, a 0700
+    home), where ``PYTHONPATH={ROOT}`` gave the learner ``Permission denied``."""
+    view = Path(tempfile.mkdtemp(prefix="commhooks-learner-packages-"))  # 0700, in a temp folder all may enter
+    os.chown(view, LEARNER, LEARNER)
+    _link_tree(ROOT / "commhooks_lab", view / "src" / "commhooks_lab", LEARNER)
+    _link_tree(Path(sysconfig.get_paths()["purelib"]), view / "site-packages", LEARNER)
+    yield f"{view / 'src'}:{view / 'site-packages'}"
+    shutil.rmtree(view, ignore_errors=True)
+
+
 @pytest.fixture
-def two_accounts():
+def two_accounts(request):
     """``start(who, *argv)``: the learner (uid 4242, this venv's packages on the system Python) or the attacker
-    (nobody), each a script of ``tests/accounts``."""
+    (nobody), each a script of ``tests/accounts``, given as ``-c`` source: neither account may be able to read
+    this checkout."""
     if os.geteuid() != 0:
         if os.environ.get("CI"):
             pytest.fail("CI runs as root so that this test can play two other accounts", pytrace=False)
@@ -243,6 +275,7 @@ def two_accounts():
     found = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True)
     if found.returncode or found.stdout.decode().strip() != str(tuple(sys.version_info[:2])):
         pytest.skip(f"the learner account needs {SYSTEM_PYTHON} at Python {sys.version_info[:2]} (this venv's)")
+    learners_packages = request.getfixturevalue("learners_packages")
     home = tempfile.mkdtemp(prefix="commhooks-learner-")
     os.chown(home, LEARNER, LEARNER)
     started: list[subprocess.Popen] = []
@@ -254,7 +287,7 @@ def two_accounts():
                 "HOME": home,
                 "TMPDIR": home,
                 "PATH": "/usr/bin:/bin",
-                "PYTHONPATH": f"{ROOT}:{sysconfig.get_paths()['purelib']}",
+                "PYTHONPATH": learners_packages,
                 "COMMHOOKS_LAB_PREWARM": "0",
                 # COMMHOOKS_LAB_PRIVATE_NETWORK=0 in the test's environment shows the attacks on the loopback
                 **{k: v for k, v in os.environ.items() if k == "COMMHOOKS_LAB_PRIVATE_NETWORK"},
@@ -262,7 +295,7 @@ def two_accounts():
         else:
             script, account, env = "gloo_attacker.py", _as_account(NOBODY), {"PATH": "/usr/bin:/bin"}
         proc = subprocess.Popen(
-            [SYSTEM_PYTHON, str(ACCOUNTS / script), *argv],
+            [SYSTEM_PYTHON, "-c", (ACCOUNTS / script).read_text(), *argv],
             preexec_fn=account,
             env=env,
             stdin=subprocess.PIPE,
