@@ -8,13 +8,15 @@ Run as root, from a clone anywhere. Every other check runs as root; learners do 
 launcher's units, two-rank Clusters, portable numerics, and notebook 1 under nbval (``TEST ...`` replaces it).
 Both commands are read from the README's ``<!-- command: ... -->`` blocks, never copied here.
 
-Command 1 installs everything from scratch (here 100-250 s: unpacking and byte-compiling ~61,000 files, mostly
-torch). No download is saved because none happens: the account's pip gets this machine's pip configuration (the
-wheels on this disk, the CPU build of torch among them), the sources root's own install of command 1 used. A new
-account's pip without it would fetch PyPI's CUDA build of torch (about 3 GB), which is another check's concern.
+Command 1 installs everything from scratch (258 s on this busy 2-core machine: unpacking and byte-compiling
+~61,000 files, mostly torch). No download is saved because none happens: the account's pip gets this machine's pip
+configuration (the wheels on this disk, the CPU build of torch among them), the sources root's own install of
+command 1 used. A new account's pip without it would fetch PyPI's CUDA build of torch (about 3 GB): another
+check's concern.
 
 ``python3`` is the account's own: Debian's, unless ``--python-dir`` puts another first on its PATH. Everything
-it made (the clone, its venv, the pip cache) goes at the end; the account goes only if this script made it.
+it made (the clone, its venv, the pip cache, the XDG folders its runs fill) goes at the end; the account goes
+only if this script made it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from _smoke import Steps, require_root
@@ -69,15 +72,16 @@ def account(name: str) -> tuple[pwd.struct_passwd, bool]:
         return pwd.getpwnam(name), True
 
 
-def end_processes_of(user: pwd.struct_passwd, folder: Path) -> int:
-    """SIGKILL the account's processes that still run from ``folder`` (this run's, left behind); how many."""
-    ended = 0
+def end_processes_of(user: pwd.struct_passwd, folder: Path) -> list[str]:
+    """SIGKILL the account's processes that still run from ``folder`` (this run's, left behind); their commands."""
+    ended = []
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and entry.stat().st_uid == user.pw_uid:
-                if str(folder) in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if str(folder) in command:
                     os.kill(int(entry.name), signal.SIGKILL)
-                    ended += 1
+                    ended.append(f"{entry.name}: {command[:200]}")
         except OSError:
             pass
     return ended
@@ -111,6 +115,9 @@ def main() -> int:
             "LOGNAME": user.pw_name,
             "LANG": "C.UTF-8",
             "PATH": f"{args.python_dir}:{path}" if args.python_dir else path,
+            # what a run keeps per account (matplotlib's font cache, Jupyter's and IPython's files) goes with the run
+            **{f"XDG_{kind}_HOME": str(work / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA", "STATE")},
+            "IPYTHONDIR": str(work / "ipython"),
             **machine_pip_config(work),
         }
         for item in work.iterdir():
@@ -132,14 +139,15 @@ def main() -> int:
                     clone,
                 )
     finally:
-        ended = end_processes_of(user, work)
-        if ended:
-            print(f"ended {ended} processes the run left behind", flush=True)
+        start = time.monotonic()
+        for ended in end_processes_of(user, work):
+            print(f"ended a process the run left behind: {ended}", flush=True)
         shutil.rmtree(work, ignore_errors=True)
         if made:
             subprocess.run(["userdel", "-r", user.pw_name], check=False)
         else:
             home.chmod(home_mode)
+        print(f"\nremoved {work}{' and the account' if made else ''} in {time.monotonic() - start:.0f} s", flush=True)
     return steps.exit_code()
 
 
