@@ -92,14 +92,40 @@ def _rss_mib(pid: int) -> float:
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
-@pytest.fixture
-def other_account():
+def _unmapped(uid: int) -> str | None:
+    """Why no process here can become ``uid`` though this one is root: a user namespace that maps no such uid (as
+    ``unshare -r``, which maps root alone), or None."""
+    try:
+        rows = [[int(n) for n in line.split()] for line in Path("/proc/self/uid_map").read_text().splitlines()]
+    except OSError:
+        return None
+    if any(inside <= uid < inside + count for inside, _, count in rows):
+        return None
+    return f"this process runs in a user namespace that maps no uid {uid}: it cannot start one as another account"
+
+
+def _play_accounts(*uids: int) -> None:
+    """Skip, with the reason, where this process cannot start others as ``uids`` or this machine cannot give the
+    ranks their private network (these tests check that network: without it the ranks listen on the loopback).
+    CI runs as root so that it can."""
     if os.geteuid() != 0:
         if os.environ.get("CI"):
-            pytest.fail("CI runs as root so that this test can play another account", pytrace=False)
-        pytest.skip("needs root to start a process as another account (nobody)")
+            pytest.fail("CI runs as root so that this test can play other accounts", pytrace=False)
+        pytest.skip("needs root to start processes as other accounts")
+    for uid in uids:
+        if why := _unmapped(uid):
+            pytest.skip(why)
     if not os.path.exists(SYSTEM_PYTHON):
-        pytest.skip(f"the attacker needs a Python of its own at {SYSTEM_PYTHON}")
+        pytest.skip(f"the other accounts need a Python of their own at {SYSTEM_PYTHON}")
+    from commhooks_lab.launcher.private_network import why_unavailable
+
+    if why := why_unavailable():
+        pytest.skip(f"what this test checks is the ranks' private network, and this machine cannot make it: {why}")
+
+
+@pytest.fixture
+def other_account():
+    _play_accounts(NOBODY)
     started = []
 
     def start(folder: str, store: str, ports: list[int], hold_s: float = 20.0) -> tuple[subprocess.Popen, dict]:
@@ -178,7 +204,7 @@ def test_a_folder_another_account_owns_is_no_place_for_the_rendezvous(tmp_path):
     theirs = tmp_path / "theirs"
     (theirs / "below").mkdir(parents=True)
     assert no_one_else_can_move(str(theirs / "below"))
-    if os.geteuid() == 0:  # as root: give it to nobody, as another account would have made it
+    if os.geteuid() == 0 and not _unmapped(NOBODY):  # as root: nobody owns it, as if nobody had made it
         os.chown(theirs, NOBODY, NOBODY)
         assert not no_one_else_can_move(str(theirs / "below"))
 
@@ -282,10 +308,7 @@ def two_accounts(request):
     """``start(who, *argv)``: the learner (uid 4242, this venv's packages on the system Python) or the attacker
     (nobody), each a script of ``tests/accounts``, given as ``-c`` source: neither account may be able to read
     this checkout."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI"):
-            pytest.fail("CI runs as root so that this test can play two other accounts", pytrace=False)
-        pytest.skip("needs root to start processes as other accounts")
+    _play_accounts(LEARNER, NOBODY)
     found = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True)
     if found.returncode or found.stdout.decode().strip() != str(tuple(sys.version_info[:2])):
         pytest.skip(f"the learner account needs {SYSTEM_PYTHON} at Python {sys.version_info[:2]} (this venv's)")
