@@ -30,6 +30,7 @@ import pytest
 
 import commhooks_lab as lab
 from commhooks_lab import Cluster
+from commhooks_lab.launcher.private_network import why_unavailable
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -117,8 +118,6 @@ def _play_accounts(*uids: int) -> None:
             pytest.skip(why)
     if not os.path.exists(SYSTEM_PYTHON):
         pytest.skip(f"the other accounts need a Python of their own at {SYSTEM_PYTHON}")
-    from commhooks_lab.launcher.private_network import why_unavailable
-
     if why := why_unavailable():
         pytest.skip(f"what this test checks is the ranks' private network, and this machine cannot make it: {why}")
 
