@@ -36,7 +36,7 @@ def main() -> int:
     pytest = [sys.executable, "-m", "pytest", "-n", str(min(2, len(args.notebooks))), *args.notebooks]
     steps = Steps("without user namespaces")
     steps.run(
-        f"nbval on {len(args.notebooks)} notebooks",
+        "nbval on " + ", ".join(Path(n).name for n in args.notebooks),
         ["unshare", "-r", "sh", "-c", REFUSE_THEN_RUN, "sh", *pytest],
         cwd=ROOT,
     )
