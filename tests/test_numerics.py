@@ -1,5 +1,6 @@
 """Portable numerics: what the lab pins, in which processes, and the fingerprint that tells a machine's bits."""
 
+import json
 import os
 import subprocess
 import sys
@@ -63,17 +64,44 @@ def test_the_ranks_run_the_tiers_kernels_too(cluster):
     assert [(s["aten_kernels"], s["threads"], s["MKL_CBWR"]) for s in seen] == [(TIER_KERNELS, 1, "COMPATIBLE")] * 2
 
 
-def test_native_numerics_leave_the_cpus_own_kernels():
+@pytest.fixture(scope="module")
+def own_kernels() -> str:
+    """The kernels ATen picks on this CPU when nothing caps it: AVX512, AVX2 or DEFAULT."""
+    return _python("import torch; print(torch.backends.cpu.get_cpu_capability())", COMMHOOKS_LAB_NUMERICS="native")
+
+
+def test_native_numerics_leave_the_cpus_own_kernels(own_kernels):
     code = "import commhooks_lab, torch; print(torch.backends.cpu.get_cpu_capability())"
-    own = _python("import torch; print(torch.backends.cpu.get_cpu_capability())", COMMHOOKS_LAB_NUMERICS="native")
-    assert _python(code, COMMHOOKS_LAB_NUMERICS="native") == own
+    assert _python(code, COMMHOOKS_LAB_NUMERICS="native") == own_kernels
     assert _python(code) == TIER_KERNELS
 
 
 def test_torch_used_before_the_import_is_reported_not_hidden():
-    code = "import torch; torch.ones(3) + 1; import commhooks_lab as lab; print(lab.NUMERICS_PROBLEMS)"
-    out = _python(code)
-    assert "already runs its" in out and "import commhooks_lab first" in out
+    """On any x86-64 CPU. ATen takes ``ATEN_CPU_CAPABILITY=avx512`` without asking the CPU and fixes its choice at
+    the first question (``compute_cpu_capability`` in ATen's DispatchStub.cpp), so a process that asked before
+    the import keeps kernels outside both tiers. No kernel runs, so a CPU without AVX-512 is no exception."""
+    code = (
+        "import json, torch; torch.backends.cpu.get_cpu_capability(); import commhooks_lab as lab; "
+        "print(json.dumps(lab.NUMERICS_PROBLEMS))"
+    )
+    (problem,) = json.loads(_python(code, ATEN_CPU_CAPABILITY="avx512"))
+    assert "already runs its AVX512 kernels" in problem and "import commhooks_lab first" in problem
+
+
+def test_torch_run_before_the_import_is_reported_only_where_its_kernels_are_not_the_tiers(own_kernels):
+    """A learner's torch cell before the lab's import: on an AVX-512 CPU its kernels are outside the tiers and the
+    lab says so; on an AVX2-only (or older) CPU they already are its tier's, and there is nothing to report."""
+    code = (
+        "import json, torch; torch.ones(3) + 1; import commhooks_lab as lab; "
+        "from commhooks_lab.launcher import numerics; print(json.dumps([lab.NUMERICS_PROBLEMS, numerics.describe()]))"
+    )
+    reported, seen = json.loads(_python(code))
+    assert seen["aten_kernels"] == own_kernels and seen["threads"] == 1
+    if own_kernels in numerics.TIERS:
+        assert reported == seen["problems"] == [] and seen["tier"] == numerics.TIERS[own_kernels]
+    else:
+        (problem,) = reported
+        assert f"already runs its {own_kernels} kernels" in problem and seen["problems"] == reported
 
 
 def _cpu_vendor() -> str:

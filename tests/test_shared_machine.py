@@ -30,12 +30,9 @@ import pytest
 
 import commhooks_lab as lab
 from commhooks_lab import Cluster
-from commhooks_lab.launcher import private_network
+from commhooks_lab.launcher.private_network import why_unavailable
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
-WHY_NOT = private_network.why_unavailable()
-#: The attacks on gloo's listeners find them on a machine that refuses the ranks a network of their own.
-needs_private_network = pytest.mark.skipif(WHY_NOT is not None, reason=f"no private network here: {WHY_NOT}")
 
 NOBODY = 65534
 #: The learner of the gloo attacks: an unprivileged account with no other process on the machine.
@@ -77,18 +74,6 @@ ATTACK = textwrap.dedent(
 )
 
 
-def _unmapped(*uids: int) -> str | None:
-    """Why this process cannot become these accounts, or None: a user namespace that maps only its own account
-    (``unshare -r``, a rootless container) has no other uid to become or give a file to."""
-    try:
-        lines = Path("/proc/self/uid_map").read_text().split("\n")
-    except OSError:
-        return None
-    ranges = [tuple(map(int, line.split())) for line in lines if line.strip()]
-    missing = [uid for uid in uids if not any(inside <= uid < inside + count for inside, _, count in ranges)]
-    return f"uids {missing} are not mapped in this user namespace (/proc/self/uid_map)" if missing else None
-
-
 def _drop_privileges() -> None:
     os.setgroups([])
     os.setgid(NOBODY)
@@ -108,16 +93,38 @@ def _rss_mib(pid: int) -> float:
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
-@pytest.fixture
-def other_account():
+def _unmapped(uid: int) -> str | None:
+    """Why no process here can become ``uid`` though this one is root: a user namespace that maps no such uid (as
+    ``unshare -r``, which maps root alone), or None."""
+    try:
+        rows = [[int(n) for n in line.split()] for line in Path("/proc/self/uid_map").read_text().splitlines()]
+    except OSError:
+        return None
+    if any(inside <= uid < inside + count for inside, _, count in rows):
+        return None
+    return f"this process runs in a user namespace that maps no uid {uid}: it cannot start one as another account"
+
+
+def _play_accounts(*uids: int) -> None:
+    """Skip, with the reason, where this process cannot start others as ``uids`` or this machine cannot give the
+    ranks their private network (these tests check that network: without it the ranks listen on the loopback).
+    CI runs as root so that it can."""
     if os.geteuid() != 0:
         if os.environ.get("CI"):
-            pytest.fail("CI runs as root so that this test can play another account", pytrace=False)
-        pytest.skip("needs root to start a process as another account (nobody)")
+            pytest.fail("CI runs as root so that this test can play other accounts", pytrace=False)
+        pytest.skip("needs root to start processes as other accounts")
+    for uid in uids:
+        if why := _unmapped(uid):
+            pytest.skip(why)
     if not os.path.exists(SYSTEM_PYTHON):
-        pytest.skip(f"the attacker needs a Python of its own at {SYSTEM_PYTHON}")
-    if _unmapped(NOBODY):
-        pytest.skip(f"no other account to play: {_unmapped(NOBODY)}")
+        pytest.skip(f"the other accounts need a Python of their own at {SYSTEM_PYTHON}")
+    if why := why_unavailable():
+        pytest.skip(f"what this test checks is the ranks' private network, and this machine cannot make it: {why}")
+
+
+@pytest.fixture
+def other_account():
+    _play_accounts(NOBODY)
     started = []
 
     def start(folder: str, store: str, ports: list[int], hold_s: float = 20.0) -> tuple[subprocess.Popen, dict]:
@@ -196,7 +203,7 @@ def test_a_folder_another_account_owns_is_no_place_for_the_rendezvous(tmp_path):
     theirs = tmp_path / "theirs"
     (theirs / "below").mkdir(parents=True)
     assert no_one_else_can_move(str(theirs / "below"))
-    if os.geteuid() == 0 and not _unmapped(NOBODY):  # as root: give it to nobody, as if nobody had made it
+    if os.geteuid() == 0 and not _unmapped(NOBODY):  # as root: nobody owns it, as if nobody had made it
         os.chown(theirs, NOBODY, NOBODY)
         assert not no_one_else_can_move(str(theirs / "below"))
 
@@ -250,19 +257,61 @@ def _as_account(uid: int, max_fds: int | None = None):
     return drop
 
 
+def _link_tree(source: Path, target: Path, owner: int) -> None:
+    """``target`` mirrors ``source`` in hard links (no bytes copied; each file keeps its owner and mode), its
+    folders ``owner``'s. A file other accounts may not read, or one on another filesystem, is copied to ``owner``."""
+    for folder, _, files in os.walk(source):  # with __pycache__: recompiling torch's modules took the learner 60 s
+        here = target / Path(folder).relative_to(source)
+        here.mkdir(parents=True)
+        os.chown(here, owner, owner)  # whatever this umask made it, the owner may enter it
+        for name in files:
+            src, dst = Path(folder) / name, here / name
+            try:
+                if not os.stat(src).st_mode & stat.S_IROTH:
+                    raise PermissionError(src)
+                os.link(src, dst)
+            except OSError:  # EXDEV, EPERM (fs.protected_hardlinks) or a file private to its owner
+                shutil.copy2(src, dst, follow_symlinks=True)
+                os.chown(dst, owner, owner)
+
+
+def _readable_by(uid: int, paths: list[Path]) -> bool:
+    """Whether the account ``uid`` may read every one of ``paths`` (asked as that account: root may read anything)."""
+    code = "import os, sys; sys.exit(not all(os.access(p, os.R_OK) for p in sys.argv[1:]))"
+    probe = [SYSTEM_PYTHON, "-c", code, *map(str, paths)]
+    return subprocess.run(probe, preexec_fn=_as_account(uid), env={"PATH": "/usr/bin:/bin"}, cwd="/").returncode == 0
+
+
+@pytest.fixture(scope="module")
+def learners_packages():
+    """A PYTHONPATH the learner account can read: this checkout's package and this venv's packages. Where the
+    clone or its venv lies in a folder no other account can enter (``/root``, a 0700 home), and the learner got
+    ``Permission denied``, both are linked into a folder the learner owns (61,000 files here: 5-7 s to make, 10-27 s
+    to remove on this busy 2-core machine)."""
+    import torch
+
+    package, purelib = ROOT / "commhooks_lab", Path(sysconfig.get_paths()["purelib"])
+    if _readable_by(LEARNER, [package / "__init__.py", Path(torch.__file__)]):
+        yield f"{ROOT}:{purelib}"
+        return
+    view = Path(tempfile.mkdtemp(prefix="commhooks-learner-packages-"))  # 0700, in a temp folder all may enter
+    os.chown(view, LEARNER, LEARNER)
+    _link_tree(package, view / "src" / "commhooks_lab", LEARNER)
+    _link_tree(purelib, view / "site-packages", LEARNER)
+    yield f"{view / 'src'}:{view / 'site-packages'}"
+    shutil.rmtree(view, ignore_errors=True)
+
+
 @pytest.fixture
-def two_accounts():
+def two_accounts(request):
     """``start(who, *argv)``: the learner (uid 4242, this venv's packages on the system Python) or the attacker
-    (nobody), each a script of ``tests/accounts``."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI"):
-            pytest.fail("CI runs as root so that this test can play two other accounts", pytrace=False)
-        pytest.skip("needs root to start processes as other accounts")
-    if _unmapped(LEARNER, NOBODY):
-        pytest.skip(f"no other accounts to play: {_unmapped(LEARNER, NOBODY)}")
+    (nobody), each a script of ``tests/accounts``, given as ``-c`` source: neither account may be able to read
+    this checkout."""
+    _play_accounts(LEARNER, NOBODY)
     found = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True)
     if found.returncode or found.stdout.decode().strip() != str(tuple(sys.version_info[:2])):
         pytest.skip(f"the learner account needs {SYSTEM_PYTHON} at Python {sys.version_info[:2]} (this venv's)")
+    learners_packages = request.getfixturevalue("learners_packages")
     home = tempfile.mkdtemp(prefix="commhooks-learner-")
     os.chown(home, LEARNER, LEARNER)
     started: list[subprocess.Popen] = []
@@ -274,7 +323,7 @@ def two_accounts():
                 "HOME": home,
                 "TMPDIR": home,
                 "PATH": "/usr/bin:/bin",
-                "PYTHONPATH": f"{ROOT}:{sysconfig.get_paths()['purelib']}",
+                "PYTHONPATH": learners_packages,
                 "COMMHOOKS_LAB_PREWARM": "0",
                 # COMMHOOKS_LAB_PRIVATE_NETWORK=0 in the test's environment shows the attacks on the loopback
                 **{k: v for k, v in os.environ.items() if k == "COMMHOOKS_LAB_PRIVATE_NETWORK"},
@@ -282,7 +331,7 @@ def two_accounts():
         else:
             script, account, env = "gloo_attacker.py", _as_account(NOBODY), {"PATH": "/usr/bin:/bin"}
         proc = subprocess.Popen(
-            [SYSTEM_PYTHON, str(ACCOUNTS / script), *argv],
+            [SYSTEM_PYTHON, "-c", (ACCOUNTS / script).read_text(), *argv],
             preexec_fn=account,
             env=env,
             stdin=subprocess.PIPE,
@@ -316,7 +365,6 @@ def _same_run_every_time(runs: list[dict]) -> None:
     assert max(run["seconds"] for run in runs) < 30, [round(run["seconds"], 1) for run in runs]
 
 
-@needs_private_network
 def test_another_account_cannot_hijack_the_ranks_gloo_pairs(two_accounts):
     """H1: the attacker watches /proc/net/tcp for the learner's new loopback listeners and sends gloo's pair
     handshake on each before the real peer can. On the machine's loopback it took 3 of 4 fresh Clusters (their
@@ -334,7 +382,6 @@ def test_another_account_cannot_hijack_the_ranks_gloo_pairs(two_accounts):
     _same_run_every_time(runs["runs"])
 
 
-@needs_private_network
 def test_another_account_cannot_fill_a_ranks_file_descriptors(two_accounts):
     """H2: while the learner's ranks start, the attacker connects 1,100 times to each of their listeners, sends 8
     bytes and closes; gloo keeps every unmatched socket, so on the loopback a rank at the common 1,024-fd limit
