@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         cpu_pin.write_text(lock["torch"] + "+cpu\n")
         extra = ["--extra-index-url", paths.CPU_INDEX, "-c", str(cpu_pin)]
     command = [str(venv_python()), "-m", "pip", "install", "-c", lock_file, *extra, "-e", paths.EXTRAS]
-    build = "CPU build from " + paths.CPU_INDEX if args.cpu else "PyPI's build"
-    print(f"setup_venv: Python {platform.python_version()}, {lock_file}, torch: {build}; pip's log: {LOG}")
+    source = "PyTorch's CPU index" if args.cpu else "pip's index (PyPI: the CUDA build on Linux)"
+    print(f"setup_venv: Python {platform.python_version()}, {lock_file}, {lock['torch']} from {source}; log: {LOG}")
     start = time.monotonic()
     with LOG.open("w") as log:
         done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
