@@ -87,6 +87,16 @@ def explain(output: str, *, python: str, machine: str, lock_file: str, lock: dic
             f"pip could not reach the package index{where}: connect this machine to the network (behind a proxy, "
             f"set HTTPS_PROXY), or install offline from a wheelhouse (docs/teaching.md)"
         )
+    if "the ssl module in Python is not available" in output:
+        return (
+            "this Python was built without its ssl module, so pip cannot reach an HTTPS index: use a Python that "
+            "has it (Debian/Ubuntu: apt install python3; pyenv: install libssl-dev, then pyenv install again)"
+        )
+    if "CERTIFICATE_VERIFY_FAILED" in output:
+        return (
+            "pip could not verify the index's certificate (a proxy that inspects HTTPS?): point pip at your "
+            "organisation's CA bundle with PIP_CERT=/path/to/ca.pem, then run this again"
+        )
     if "No space left on device" in output:
         return (
             "the disk is full: the default torch (a CUDA build) needs about 7 GB free for .venv and pip's cache; "
@@ -105,7 +115,10 @@ def explain(output: str, *, python: str, machine: str, lock_file: str, lock: dic
             f"torch {lock['torch'].split('==')[1]} has wheels for Linux (x86-64, aarch64), macOS 14+ on arm64 and "
             f"Windows x86-64; run the lab on one of those"
         )
-    errors = [line.strip() for line in output.splitlines() if line.strip().startswith(("ERROR:", "error:"))]
+    lines = [line.strip() for line in output.splitlines()]
+    errors = [line for line in lines if line.startswith("ERROR:")] or [
+        line for line in lines if line.startswith("error:")
+    ]
     return errors[0] if errors else "pip failed without an ERROR line"
 
 
@@ -162,6 +175,16 @@ def venv_python() -> Path:
     return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
+def cpu_only(lock: dict[str, str], folder: Path, paths) -> list[str]:
+    """pip's extra arguments for torch's CPU build: PyTorch's CPU index beside the usual one, and a second pin.
+
+    The lock's torch==X matches X+cpu too (PEP 440 ignores a local label the pin lacks); the second pin makes the
+    CPU build the only one pip may take, so a missing CPU wheel is an error, not a silent CUDA build."""
+    pin = folder / "cpu-torch.txt"
+    pin.write_text(lock["torch"] + "+cpu\n")
+    return ["--extra-index-url", paths.CPU_INDEX, "-c", str(pin)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu", action="store_true", help="torch's CPU build, from PyTorch's CPU wheel index")
@@ -178,13 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     lock_file = paths.lock_for(version)
     lock = read_lock(ROOT / lock_file)
-    extra = []
-    if args.cpu:
-        # The lock's torch==X matches X+cpu too (PEP 440 ignores a local label the pin lacks); the second pin
-        # makes the CPU build the only one pip may take, so a missing CPU wheel is an error, not a CUDA build.
-        cpu_pin = VENV / "cpu-torch.txt"
-        cpu_pin.write_text(lock["torch"] + "+cpu\n")
-        extra = ["--extra-index-url", paths.CPU_INDEX, "-c", str(cpu_pin)]
+    extra = cpu_only(lock, VENV, paths) if args.cpu else []
     command = [str(venv_python()), "-m", "pip", "install", "-c", lock_file, *extra, "-e", paths.EXTRAS]
     source = "PyTorch's CPU index" if args.cpu else "pip's index (PyPI: the CUDA build on Linux)"
     print(f"setup_venv: Python {platform.python_version()}, {lock_file}, {lock['torch']} from {source}; log: {LOG}")

@@ -2,7 +2,8 @@
 
 pip's outputs under tests/pip_outputs/ were recorded on this machine (2026-12-07, progress bars removed), each with
 the pip a fresh venv of that Python gets: the old single constraints.txt on Python 3.10.13 (pip 23.0.1) and on
-Debian's 3.11.2 (pip 23.0.1), no network (``unshare -n``), and an Intel Mac (``--platform macosx_10_13_x86_64``).
+Debian's 3.11.2 (pip 23.0.1), no network (``unshare -n``), an Intel Mac (``--platform macosx_10_13_x86_64``), and
+a learner's copy of pyenv's 3.11.7 whose venv loaded Debian's libpython, so ssl failed to import.
 """
 
 import importlib.util
@@ -11,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUTS = Path(__file__).parent / "pip_outputs"
@@ -55,10 +57,19 @@ def test_no_network_is_said_before_the_unsatisfied_requirement_it_causes():
     assert line.startswith("pip could not reach the package index") and "wheelhouse" in line
 
 
+def test_a_python_without_ssl_is_named_not_pips_subprocess_error():
+    output = (OUTPUTS / "no-ssl-3.11.7.txt").read_text()
+    assert output.index("error: subprocess-exited-with-error") < output.index("ERROR: Could not find")
+    line = explain("no-ssl-3.11.7.txt", "3.11.7", {})
+    assert line.startswith("this Python was built without its ssl module")
+
+
 def test_any_other_failure_shows_pips_first_error_line():
-    output = "Collecting x\nERROR: Could not install packages due to an OSError: [Errno 13] Permission denied\n"
+    output = (
+        "  error: subprocess-exited-with-error\nERROR: Could not install packages due to an OSError: [Errno 13] x\n"
+    )
     line = setup_venv.explain(output, python="3.12.1", machine="Linux x86_64", lock_file="f", lock={}, probe={})
-    assert line == "ERROR: Could not install packages due to an OSError: [Errno 13] Permission denied"
+    assert line == "ERROR: Could not install packages due to an OSError: [Errno 13] x"
 
 
 @pytest.mark.parametrize("version", [(3, 9, 18), (3, 14, 0), (2, 7, 18)])
@@ -89,6 +100,19 @@ def test_a_venv_of_another_python_is_not_reused(tmp_path, monkeypatch):
     line = setup_venv.make_venv((3, 11, 2))
     assert line and "made by Python 3.12" in line and "rm -rf .venv" in line
     assert setup_venv.make_venv((3, 12, 4)) is None
+
+
+def test_the_cpu_path_adds_pytorchs_index_and_pins_the_cpu_build_only(tmp_path):
+    lock = setup_venv.read_lock(ROOT / paths.lock_for(paths.MAIN_PYTHON))
+    args = setup_venv.cpu_only(lock, tmp_path, paths)
+    assert args[:2] == ["--extra-index-url", "https://download.pytorch.org/whl/cpu"] and args[2] == "-c"
+    cpu_pin = Path(args[3]).read_text().strip()
+    assert cpu_pin == "torch==2.13.0+cpu"
+    # Why the second pin: the lock's pin alone admits PyPI's CUDA build; both together admit only the CPU build.
+    admitted = [
+        v for v in ("2.13.0", "2.13.0+cpu") if all(SpecifierSet(p[5:]).contains(v) for p in (lock["torch"], cpu_pin))
+    ]
+    assert SpecifierSet(lock["torch"][5:]).contains("2.13.0") and admitted == ["2.13.0+cpu"]
 
 
 def older_python() -> Path | None:
