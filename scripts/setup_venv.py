@@ -89,8 +89,8 @@ def explain(output: str, *, python: str, machine: str, lock_file: str, lock: dic
         )
     if "the ssl module in Python is not available" in output:
         return (
-            "this Python was built without its ssl module, so pip cannot reach an HTTPS index: use a Python that "
-            "has it (Debian/Ubuntu: apt install python3; pyenv: install libssl-dev, then pyenv install again)"
+            "this Python cannot import its ssl module, so pip cannot reach an HTTPS index: use a Python that "
+            "can (Debian/Ubuntu: apt install python3; pyenv: install libssl-dev, then pyenv install again)"
         )
     if "CERTIFICATE_VERIFY_FAILED" in output:
         return (

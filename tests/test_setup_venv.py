@@ -61,7 +61,7 @@ def test_a_python_without_ssl_is_named_not_pips_subprocess_error():
     output = (OUTPUTS / "no-ssl-3.11.7.txt").read_text()
     assert output.index("error: subprocess-exited-with-error") < output.index("ERROR: Could not find")
     line = explain("no-ssl-3.11.7.txt", "3.11.7", {})
-    assert line.startswith("this Python was built without its ssl module")
+    assert line.startswith("this Python cannot import its ssl module")
 
 
 def test_any_other_failure_shows_pips_first_error_line():
