@@ -20,12 +20,13 @@ CPU_SETUP_COMMAND = "python3 scripts/setup_venv.py --cpu"
 # PyTorch's own index of CPU-only wheels (torch==X+cpu): no CUDA libraries. The rest still comes from PyPI.
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
-# Measured 2026-12-07 on Linux x86-64. PyPI's torch 2.13.0 is a CUDA build on Linux for every Python; pip downloads
-# its wheel with the nvidia-*, cuda-* and triton wheels it pins (Python 3.12: `pip download torch==2.13.0`).
-# The CPU build is one wheel (torch-2.13.0+cpu-cp311, 192 MB).
-DEFAULT_TORCH_DOWNLOAD = "3.5 GB"
+# Measured 2026-12-07 on Linux x86-64 with scripts/setup_venv.py. PyPI's torch 2.13.0 is a CUDA build on Linux for
+# every Python: pip downloaded its wheel and the 20 nvidia-*, cuda-* and triton wheels it pins, 2733 MB on Python
+# 3.11.2 and 3.12.1 alike (3003 MB with everything else), and the venv took 5.8 GB (du -sh). The CPU build is one
+# wheel (torch-2.13.0+cpu-cp311: 191.8 MB); its venv, on 3.11.7, took 2.0 GB.
+DEFAULT_TORCH_DOWNLOAD = "2.7 GB"
 CPU_TORCH_DOWNLOAD = "192 MB"
-DEFAULT_VENV_SIZE = "6.5 GB"
+DEFAULT_VENV_SIZE = "5.8 GB"
 CPU_VENV_SIZE = "2.0 GB"
 
 

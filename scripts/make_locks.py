@@ -37,6 +37,11 @@ for variable in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PIP_
     PYPI_ONLY.pop(variable, None)
 
 
+# PyPI serves no PEP 658 metadata for torch's and most nvidia wheels: without HTTP range requests for each wheel's
+# METADATA, a dry run downloads them whole (3.5 GB per Python; one torch wheel: 81 s against 16 s measured).
+LAZY_WHEELS = ("--use-feature", "fast-deps")
+
+
 def pip(python: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(python), "-m", "pip", *args], cwd=ROOT, env=PYPI_ONLY, capture_output=True, text=True)
 
@@ -49,8 +54,8 @@ def installable(python: Path, version: str, pins: dict[str, str]) -> dict[str, s
         while True:
             requirements.write_text("\n".join(pins.values()) + "\n")
             done = pip(
-                python, "install", "--dry-run", "--no-deps", "--ignore-requires-python", "--only-binary", ":all:",
-                "--quiet", "--report", "-", "-r", str(requirements),
+                python, "install", *LAZY_WHEELS, "--dry-run", "--no-deps", "--ignore-requires-python",
+                "--only-binary", ":all:", "--quiet", "--report", "-", "-r", str(requirements),
             )  # fmt: skip
             if done.returncode == 0:
                 break
@@ -67,29 +72,48 @@ def installable(python: Path, version: str, pins: dict[str, str]) -> dict[str, s
     return pins
 
 
-def resolve(python: Path, pins: dict[str, str]) -> dict[str, str]:
-    """What pip installs for the project with these pins as constraints: ``{canonical name: name==version}``."""
-    pins = dict(pins)
+def attempt(python: Path, pins: dict[str, str]) -> tuple[dict[str, str] | None, str]:
+    """One pip dry run of the project with these constraints: what it installs (``{name: name==version}``), or
+    None and pip's output."""
     with tempfile.TemporaryDirectory() as folder:
         constraints, report = Path(folder) / "constraints.txt", Path(folder) / "report.json"
-        while True:
-            constraints.write_text("\n".join(sorted(pins.values(), key=str.lower)) + "\n")
-            done = pip(
-                python, "install", "--dry-run", "--only-binary", ":all:", "--report", str(report),
-                "-c", str(constraints), "-e", PATHS.EXTRAS,
-            )  # fmt: skip
-            if done.returncode == 0:
-                break
-            pin = setup_venv.unsatisfied_pin(done.stdout + done.stderr, pins)
-            if not pin:
-                raise SystemExit(done.stdout + done.stderr)
-            print(f"  conflicts here: {pin}")
-            del pins[setup_venv.canonical(pin.split("==")[0])]
+        constraints.write_text("\n".join(sorted(pins.values(), key=str.lower)) + "\n")
+        done = pip(
+            python, "install", *LAZY_WHEELS, "--dry-run", "--only-binary", ":all:", "--report", str(report),
+            "-c", str(constraints), "-e", PATHS.EXTRAS,
+        )  # fmt: skip
+        if done.returncode:
+            return None, done.stdout + done.stderr
         installed = json.loads(report.read_text())["install"]
     found = {setup_venv.canonical(i["metadata"]["name"]): f"{i['metadata']['name']}=={i['metadata']['version']}"
              for i in installed}  # fmt: skip
     found.pop("commhooks-lab", None)
-    return found
+    return found, ""
+
+
+def resolve(python: Path, kept: dict[str, str], torch: str) -> dict[str, str]:
+    """The project on this Python with as many kept pins as fit together.
+
+    First pip chooses freely but for torch: a set that installs. Then every package is pinned, to its kept version
+    where there is one, else to pip's free choice: with nothing left to choose, pip answers at once (no
+    backtracking through old releases) and names the pins that conflict, which go back to the free choice."""
+    fresh, output = attempt(python, {"torch": torch})
+    if fresh is None:
+        raise SystemExit(output)
+    pins = {**fresh, **kept}
+    while True:
+        found, output = attempt(python, pins)
+        if found is not None:
+            return found
+        back = [name for name in setup_venv.unsatisfied_names(output) if name in pins and pins[name] != fresh.get(name)]
+        if not back:
+            raise SystemExit(output)
+        for name in back:
+            print(f"  conflicts here: {pins[name]} -> {fresh.get(name, 'unpinned')}")
+            if name in fresh:
+                pins[name] = fresh[name]
+            else:
+                del pins[name]
 
 
 def write(path: Path, pins: dict[str, str], version: str) -> None:
@@ -119,7 +143,7 @@ def lock_for_python(interpreter: str) -> None:
     with tempfile.TemporaryDirectory() as folder:
         python, version = throwaway_venv(interpreter, folder)
         print(f"Python {version}:")
-        resolved = resolve(python, installable(python, version, main))
+        resolved = resolve(python, installable(python, version, main), main["torch"])
     minor = tuple(int(part) for part in version.split(".")[:2])
     target = ROOT / PATHS.lock_for(minor)
     if minor == PATHS.MAIN_PYTHON:
@@ -137,7 +161,9 @@ def check(interpreter: str) -> str | None:
         python, version = throwaway_venv(interpreter, folder)
         minor = tuple(int(part) for part in version.split(".")[:2])
         lock_file = PATHS.lock_for(minor)
-        done = pip(python, "install", "--dry-run", "-c", lock_file, "-e", PATHS.EXTRAS)  # not -q: it hides the cause
+        done = pip(
+            python, "install", *LAZY_WHEELS, "--dry-run", "-c", lock_file, "-e", PATHS.EXTRAS
+        )  # no -q: it hides why
         if done.returncode == 0:
             print(f"Python {version}: {lock_file} resolves")
             return None

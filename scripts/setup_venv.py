@@ -62,16 +62,16 @@ def refusal(version: tuple, paths) -> str | None:
     )
 
 
-def unsatisfied_pin(output: str, lock: dict[str, str]) -> str | None:
-    """The lock's pin that pip could not satisfy (``name==version``), from its conflict report or its
-    "No matching distribution" line; None when pip failed on something else."""
+def unsatisfied_names(output: str) -> list[str]:
+    """The pinned packages pip names in its conflict report or its "No matching distribution" line, canonical."""
     named = re.findall(r"The user requested \(constraint\) ([\w.-]+)==", output)
     named += re.findall(r"No matching distribution found for ([\w.-]+)", output)
-    for name in named:
-        pin = lock.get(canonical(name))
-        if pin:
-            return pin
-    return None
+    return [canonical(name) for name in named]
+
+
+def unsatisfied_pin(output: str, lock: dict[str, str]) -> str | None:
+    """The lock's pin that pip could not satisfy (``name==version``); None when pip failed on something else."""
+    return next((lock[name] for name in unsatisfied_names(output) if name in lock), None)
 
 
 def explain(output: str, *, python: str, machine: str, lock_file: str, lock: dict[str, str], probe: dict) -> str:
