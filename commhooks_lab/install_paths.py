@@ -22,8 +22,8 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 # Measured 2026-12-07 on Linux x86-64 with scripts/setup_venv.py. PyPI's torch 2.13.0 is a CUDA build on Linux for
 # every Python: pip downloaded its wheel and the 20 nvidia-*, cuda-* and triton wheels it pins, 2733 MB on Python
-# 3.11.2 and 3.12.1 alike (3003 MB with everything else), and the venv took 5.8 GB (du -sh). The CPU build is one
-# wheel (torch-2.13.0+cpu-cp311: 191.8 MB); its venv, on 3.11.7, took 2.0 GB.
+# 3.11.2, 3.12.1 and 3.13.0 alike (3003 MB with everything else); the venv took 5.7-5.8 GB (du -sh). The CPU build
+# is one wheel (torch-2.13.0+cpu-cp311: 191.8 MB); its venv took 2.0 GB (3.11.7, as root and as a learner).
 DEFAULT_TORCH_DOWNLOAD = "2.7 GB"
 CPU_TORCH_DOWNLOAD = "192 MB"
 DEFAULT_VENV_SIZE = "5.8 GB"
