@@ -4,13 +4,13 @@
     python scripts/make_locks.py --check PYTHON ...    # CI: each Python's lock still resolves, as it is
 
 The main lock (constraints/py3.11.txt) holds the versions the committed notebook outputs were made with. For each
-interpreter given, every main pin that can be installed there is kept; a pin whose Requires-Python excludes it,
-or that has no wheel for it, is dropped, and pip chooses that package afresh (the newest it can). What pip's
-``--dry-run --report`` then installs is the new lock. For an interpreter of the main minor (Debian's 3.11.2 beside
-3.11.7), only the dropped pins change in the main lock, and no package is added.
+interpreter given, every main pin that can be installed there is kept; a pin whose Requires-Python excludes it, or
+that has no wheel for it, is dropped, and so is one that conflicts with those changes: each such package takes
+the version pip chooses freely on that Python (the newest it can). What pip's ``--dry-run --report`` then installs
+is the new lock. For an interpreter of the main minor (Debian's 3.11.2 beside 3.11.7), only the dropped pins
+change in the main lock, and no package is added.
 
-Runs pip in a throwaway venv with a current pip (PEP 658 metadata: no wheel is downloaded whole), against PyPI
-only, as a learner's machine sees it.
+Runs pip in a throwaway venv with a current pip, against PyPI only, as a learner's machine sees it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ for variable in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PIP_
 
 
 # PyPI serves no PEP 658 metadata for torch's and most nvidia wheels: without HTTP range requests for each wheel's
-# METADATA, a dry run downloads them whole (3.5 GB per Python; one torch wheel: 81 s against 16 s measured).
+# METADATA, a dry run downloads them whole (2.7 GB per Python; torch's wheel alone: 81 s, against 16 s lazily).
 LAZY_WHEELS = ("--use-feature", "fast-deps")
 
 
