@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import nbformat
 
@@ -55,7 +56,7 @@ def _text(outputs: list, sanitize) -> str:
     return "\n".join(f"[{key}] {value}" for key, values in flat.items() for value in values)
 
 
-def plan(committed: dict, executed: dict, here: dict, there: dict, sanitize) -> list[tuple[int, str, object, list]]:
+def plan(committed: dict, executed: dict, here: dict, there: dict, sanitize) -> list[tuple[int, str, Any, list]]:
     """``(cell number, action, when or why, executed outputs)`` for every checked code cell of one notebook."""
     ref_cells = [c for c in committed["cells"] if c["cell_type"] == "code"]
     new_cells = [c for c in executed["cells"] if c["cell_type"] == "code"]
