@@ -121,6 +121,18 @@ def test_the_bf16_verdict_is_what_ddp_did_on_this_build_not_what_the_device_sugg
         assert "DDP refuses bf16_compress_hook" in result.seen and refusal in result.seen
 
 
+def test_a_cuda_build_without_a_gpu_is_shown_the_cpu_only_build(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    result = doctor.check_accelerator()
+    assert result.status == doctor.INFO and "on a CUDA 13.0 build" in result.seen
+    assert f"--index-url {doctor.CPU_INDEX}" in result.advice and "torch==" in result.advice
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert doctor.check_accelerator().advice == ""
+
+
 def test_doctor_is_a_command():
     import subprocess
     import sys
