@@ -63,42 +63,46 @@ def pytest_in(python: str, targets: list[str], workers: int, extra: list[str]) -
         return ET.parse(report).getroot(), elapsed
 
 
-def outcomes(root: ET.Element) -> list[tuple[str, str]]:
-    """``(test id, passed|failed|skipped)`` for every test case of a junit report (an error counts as failed)."""
+def outcomes(root: ET.Element) -> list[tuple[str, str, str]]:
+    """``(file, test, passed|failed|skipped)`` for every test case of a junit report (an error counts as failed)."""
     out = []
     for case in root.iter("testcase"):
-        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        where, name = case.get("classname", ""), case.get("name", "")
         if case.find("failure") is not None or case.find("error") is not None:
-            out.append((name, "failed"))
+            out.append((where, name, "failed"))
         elif case.find("skipped") is not None:
-            out.append((name, "skipped"))
+            out.append((where, name, "skipped"))
         else:
-            out.append((name, "passed"))
+            out.append((where, name, "passed"))
     return out
 
 
 def tests_part(python: str, workers: int) -> list[str]:
     root, seconds = pytest_in(python, ["tests"], workers, [])
     results = outcomes(root)
-    counts = Counter(outcome for _, outcome in results)
+    counts = Counter(outcome for _, _, outcome in results)
     lines = [
         f"tests: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped "
         f"({seconds:.0f} s, -n {workers})"
     ]
-    lines += [f"  FAILED {name}" for name, outcome in results if outcome == "failed"]
+    lines += [f"  FAILED {where}::{name}" for where, name, outcome in results if outcome == "failed"]
     return lines
 
 
 def notebooks_part(python: str, workers: int) -> list[str]:
     root, seconds = pytest_in(python, ["notebooks"], workers, ["--lab-tolerant"])
     per_notebook: dict[str, Counter] = defaultdict(Counter)
-    for name, outcome in outcomes(root):
-        notebook = name.split("::")[0].split(".")[-1] if ".ipynb" not in name else Path(name.split("::")[0]).stem
+    failed: dict[str, list[str]] = defaultdict(list)
+    for where, name, outcome in outcomes(root):
+        notebook = where.removeprefix("notebooks.").removesuffix(".ipynb")
         per_notebook[notebook][outcome] += 1
-    lines = [f"notebooks, tolerant check (--lab-tolerant, {seconds:.0f} s):"]
+        if outcome == "failed":
+            failed[notebook].append(name.removeprefix("Cell "))
+    lines = [f"notebooks, tolerant check (--lab-tolerant, {seconds:.0f} s, -n {workers}):"]
     for notebook, counts in sorted(per_notebook.items()):
         verdict = "passes" if counts["failed"] == 0 else "FAILS"
-        lines.append(f"  {notebook:32} {verdict:6} {counts['passed']} cells passed, {counts['failed']} failed")
+        cells = f" (cells {', '.join(failed[notebook])})" if failed[notebook] else ""
+        lines.append(f"  {notebook:28} {verdict:6} {counts['passed']:3} cells passed, {counts['failed']} failed{cells}")
     return lines
 
 
@@ -131,17 +135,21 @@ def probe(python: str) -> dict[str, str]:
 
 
 def behaviours_part(reference: dict[str, str], other: dict[str, str]) -> list[str]:
-    names = list(dict.fromkeys([*reference, *other]))
-    width = max(map(len, names))
-    left, right = f"torch {reference['torch']}", f"torch {other['torch']}"
-    lines = [f"behaviours: {left} (this venv) against {right}", f"  {'':{width}}  changed  {left:24}  {right}"]
-    changed = 0
+    """Every behaviour that changed, with both values; the unchanged ones counted per group."""
+    names = [name for name in dict.fromkeys([*reference, *other]) if name != "torch"]
+    changed = [name for name in names if reference.get(name) != other.get(name)]
+    left, right = f"torch {reference['torch']} (this venv)", f"torch {other['torch']}"
+    lines = [f"behaviours that changed, {left} -> {right}:"]
+    width = max(map(len, changed), default=0)
+    for name in changed:
+        lines.append(f"  {name:{width}}  {reference.get(name, '-')}")
+        lines.append(f"  {'':{width}}  -> {other.get(name, '-')}")
+    groups: dict[str, list[bool]] = defaultdict(list)
     for name in names:
-        a, b = reference.get(name, "-"), other.get(name, "-")
-        differs = a != b
-        changed += differs and name != "torch"
-        lines.append(f"  {name:{width}}  {'YES' if differs else 'no':7}  {a[:24]:24}  {b if differs else 'same'}")
-    lines.append(f"  {changed} of {len(names) - 1} behaviours changed")
+        group = next((g for g in ("fingerprint", "main job") if name.startswith(g)), "DDP and build")
+        groups[group].append(name not in changed)
+    same = ", ".join(f"{group} {sum(kept)} of {len(kept)}" for group, kept in groups.items())
+    lines.append(f"  unchanged: {same} ({len(changed)} of {len(names)} behaviours changed)")
     return lines
 
 
