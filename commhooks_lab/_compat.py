@@ -179,7 +179,7 @@ def bf16_refusal() -> str | None:
     """DDP's own refusal of ``bf16_compress_hook`` on this build (``'TypeError: ...'``), or None where it accepts it.
 
     The check reads how torch was built (``torch.version.cuda``/``hip``, NCCL's version), not the devices
-    (:mod:`commhooks_lab.torch_build` says it in full and tries it in a process group)."""
+    (:mod:`commhooks_lab.launcher.torch_build` says it in full and tries it in a process group)."""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
     error = comm_hook_check_error(bf16_compress_hook)

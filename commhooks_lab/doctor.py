@@ -109,7 +109,7 @@ def check_accelerator() -> Check:
 
 def check_bf16_hook() -> Check:
     """What DDP does with ``bf16_compress_hook`` here, tried in a child: it depends on the build, not the device."""
-    from . import torch_build
+    from .launcher import torch_build
 
     seen = torch_build.in_child()
     build, bf16 = torch_build.describe(seen["build"]), seen["bf16"]

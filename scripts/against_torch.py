@@ -112,8 +112,7 @@ def notebooks_part(python: str, workers: int) -> list[str]:
 def probe(python: str) -> dict[str, str]:
     """What one venv does, flattened to ``{behaviour: value}``: the build, DDP's bf16 verdict, the fingerprint,
     the main job's per-hook numbers."""
-    from commhooks_lab import torch_build
-    from commhooks_lab.launcher import fingerprint
+    from commhooks_lab.launcher import fingerprint, torch_build
 
     seen = torch_build.in_child(executable=python)
     bf16 = seen["bf16"]

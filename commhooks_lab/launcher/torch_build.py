@@ -75,7 +75,7 @@ def try_bf16_hook() -> dict:
 def in_child(executable: str | None = None, timeout_s: float = 120) -> dict:
     """``{"build": this_build(), "bf16": try_bf16_hook()}`` from a fresh interpreter (``executable``: another venv)."""
     done = subprocess.run(
-        [executable or sys.executable, "-m", "commhooks_lab.torch_build"],
+        [executable or sys.executable, "-m", "commhooks_lab.launcher.torch_build"],
         capture_output=True,
         text=True,
         timeout=timeout_s,
