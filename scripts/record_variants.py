@@ -31,7 +31,7 @@ from commhooks_lab.testing.machine_outputs import (
     what_to_record,
     without_notes,
 )
-from commhooks_lab.testing.notebooks import STRICT, compare_outputs, flatten, not_compared, sanitizer
+from commhooks_lab.testing.notebooks import STRICT, compare_outputs, compared_cells, flatten, sanitizer
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTS_CODE = (
@@ -58,14 +58,8 @@ def _text(outputs: list, sanitize) -> str:
 
 def plan(committed: dict, executed: dict, here: dict, there: dict, sanitize) -> list[tuple[int, str, Any, list]]:
     """``(cell number, action, when or why, executed outputs)`` for every checked code cell of one notebook."""
-    ref_cells = [c for c in committed["cells"] if c["cell_type"] == "code"]
-    new_cells = [c for c in executed["cells"] if c["cell_type"] == "code"]
-    if len(ref_cells) != len(new_cells):
-        raise ValueError(f"{len(ref_cells)} code cells became {len(new_cells)}: not the same notebook")
     steps = []
-    for number, (ref, new) in enumerate(zip(ref_cells, new_cells)):
-        if not_compared(ref):
-            continue
+    for number, ref, new in compared_cells(committed, executed):
         outputs = without_notes(new["outputs"])
         differs = not compare_outputs(without_notes(ref["outputs"]), outputs, STRICT, sanitize).same
         action, detail = what_to_record(ref.get("metadata", {}), differs, here, there)

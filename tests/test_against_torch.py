@@ -1,11 +1,10 @@
 """scripts/against_torch.py's table: what changed with another torch is named (which hook, which number), the rest
 counted; failed tests and notebook cells are named, from pytest's junit report."""
 
-import importlib.util
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import load_script
+
 REPORT = """<testsuites><testsuite>
 <testcase classname="notebooks.03_fp16_vs_bf16.ipynb" name="Cell 13"/>
 <testcase classname="notebooks.03_fp16_vs_bf16.ipynb" name="Cell 14"><failure message="x"/></testcase>
@@ -15,16 +14,8 @@ REPORT = """<testsuites><testsuite>
 </testsuite></testsuites>"""
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("against_torch", ROOT / "scripts" / "against_torch.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_changed_behaviours_are_named_with_both_values_and_the_rest_counted():
-    script = _script()
+    script = load_script("against_torch")
     before = {"torch": "2.13.0+cpu", "DDP bf16": "refused", "fingerprint mlp": "59", "main job bf16 notes": "1"}
     after = {**before, "torch": "2.14.1+cu130", "DDP bf16": "accepted", "main job bf16 notes": "0"}
     lines = script.behaviours_part(before, after)
@@ -36,7 +27,7 @@ def test_changed_behaviours_are_named_with_both_values_and_the_rest_counted():
 
 
 def test_failed_tests_and_notebook_cells_are_named_from_the_junit_report(monkeypatch):
-    script = _script()
+    script = load_script("against_torch")
     monkeypatch.setattr(script, "pytest_in", lambda *args: (ET.fromstring(REPORT), 12.0))
     tests = script.tests_part("python", 1)
     assert tests[0].startswith("tests: 2 passed, 2 failed, 1 skipped")

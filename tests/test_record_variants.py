@@ -1,27 +1,18 @@
 """scripts/record_variants.py records another build's outputs only for cells that declare the fact they depend on."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import load_script
 
 from commhooks_lab.testing import machine_outputs
 
-ROOT = Path(__file__).resolve().parents[1]
 CPU = {"torch_build": "cpu", "user_namespaces": True}
 CUDA = {"torch_build": "cuda", "user_namespaces": True}
 BUILD = {"commhooks_lab": {"depends_on": {"torch_build": "DDP's bf16 check reads the build"}}}
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("record_variants", ROOT / "scripts" / "record_variants.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _stream(text: str) -> dict:
@@ -73,7 +64,7 @@ def other_python(tmp_path, monkeypatch):
     fake = tmp_path / "python"
     fake.write_text(f"#!/bin/sh\necho '{json.dumps({**CUDA, 'torch': '2.13.0+cu130'})}'\n")
     fake.chmod(0o755)
-    script = _script()
+    script = load_script("record_variants")
     monkeypatch.setattr(script, "machine_facts", lambda: CPU)
     return script, str(fake)
 
@@ -98,6 +89,6 @@ def test_the_script_records_the_declared_cell_and_writes_nothing_when_another_ce
 
 
 def test_two_machines_with_the_same_facts_record_nothing(tmp_path):
-    script = _script()
+    script = load_script("record_variants")
     _notebook(tmp_path / "nb.ipynb", [("x\n", BUILD)])
     assert script.main(["--python", sys.executable, "--executed", str(tmp_path), str(tmp_path / "nb.ipynb")]) == 1

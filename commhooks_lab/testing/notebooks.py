@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "compare_notebooks",
     "compare_outputs",
     "compare_text",
+    "compared_cells",
     "first_difference",
     "flatten",
     "is_integer",
@@ -271,14 +272,19 @@ def compare_notebooks(
     """
     sanitize = sanitize or sanitizer()
     tolerance_for = tolerance_for or tolerance_of
+    reports = []
+    for number, a, b in compared_cells(ref, new):
+        tolerance = tolerance_for(ref.get("metadata", {}), a.get("metadata", {})) if tolerant else STRICT
+        reports.append(compare_outputs(a["outputs"], b["outputs"], tolerance, sanitize, cell=number))
+    return reports
+
+
+def compared_cells(ref: dict, new: dict) -> Iterator[tuple[int, dict, dict]]:
+    """``(number, ref cell, new cell)`` for each code cell nbval compares, numbered as nbval numbers them."""
     ref_cells = [c for c in ref["cells"] if c["cell_type"] == "code"]
     new_cells = [c for c in new["cells"] if c["cell_type"] == "code"]
     if len(ref_cells) != len(new_cells):
         raise ValueError(f"{len(ref_cells)} code cells became {len(new_cells)}: not the same notebook")
-    reports = []
     for number, (a, b) in enumerate(zip(ref_cells, new_cells)):
-        if not_compared(a):
-            continue
-        tolerance = tolerance_for(ref.get("metadata", {}), a.get("metadata", {})) if tolerant else STRICT
-        reports.append(compare_outputs(a["outputs"], b["outputs"], tolerance, sanitize, cell=number))
-    return reports
+        if not not_compared(a):
+            yield number, a, b
