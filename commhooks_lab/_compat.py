@@ -15,12 +15,14 @@ from typing import Any
 
 __all__ = [
     "batched_fix_active",
+    "bf16_refusal",
     "comm_hook_check_error",
     "compiled_autograd",
     "disable_dynamo_lazily",
     "future_type",
     "graph_breaks",
     "intercept_comm_hook_registration",
+    "is_future_graph_break",
     "optimize_ddp",
     "orthogonalize_rejects_matrices",
     "patch_batched_orthogonalize",
@@ -173,6 +175,17 @@ def comm_hook_check_error(hook: Callable) -> Exception | None:
     return None
 
 
+def bf16_refusal() -> str | None:
+    """DDP's own refusal of ``bf16_compress_hook`` on this build (``'TypeError: ...'``), or None where it accepts it.
+
+    The check reads how torch was built (``torch.version.cuda``/``hip``, NCCL's version), not the devices
+    (:mod:`commhooks_lab.launcher.torch_build` says it in full and tries it in a process group)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+    error = comm_hook_check_error(bf16_compress_hook)
+    return None if error is None else f"{type(error).__name__}: {error}"
+
+
 def future_type() -> type:
     """The class every future a hook may return derives from: ``Work.get_future()`` and ``.then()`` give
     ``torch._C.Future`` (private), which the public ``torch.futures.Future`` only subclasses."""
@@ -280,6 +293,14 @@ def graph_breaks() -> dict[str, int]:
     if counters is None or not hasattr(counters, "get"):
         raise _upstream_changed("torch._dynamo.utils.counters is gone", "update commhooks_lab._compat.graph_breaks")
     return dict(counters.get("graph_break", {}))
+
+
+def is_future_graph_break(reason: str) -> bool:
+    """Is ``reason`` (a graph break's, from :func:`graph_breaks`) Dynamo failing to trace ``torch.futures.Future()``?
+
+    Its wording changes between releases: torch 2.13 names ``pybind11_object.__new__``, torch 2.14 an unsupported
+    call to "`__new__` of class `pybind11_type`"; both name pybind11's ``__new__``, and some reasons the Future."""
+    return "Future" in reason or ("__new__" in reason and "pybind11" in reason)
 
 
 #: Every touch above, for the compat test and the closing notes: (function, what it relies on).

@@ -146,3 +146,15 @@ def pytest_sessionfinish(session, exitstatus):
     from commhooks_lab.launcher import session as lab_session
 
     lab_session.close()
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` as a module, for tests of a script's functions."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

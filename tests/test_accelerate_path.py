@@ -3,6 +3,7 @@
 import pytest
 
 import commhooks_lab as lab
+from commhooks_lab import _compat
 
 pytest.importorskip("accelerate")
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
@@ -40,7 +41,11 @@ def test_accelerate_and_plain_pytorch_train_bit_identical_parameters(cluster, ca
 
 
 def test_bf16_refusal_is_the_one_accelerate_would_meet(cluster):
+    """Where this build's DDP refuses the bf16 wrapper by name, the note quotes it; where it accepts it, none."""
     result = lab.run(hook="power_sgd", wrapper="bf16", state_options=START, steps=3, api="accelerate", cluster=cluster)
+    if _compat.bf16_refusal() is None:
+        assert result.notes == [] and result.steps["compressing"].iloc[-1]
+        return
     (note,) = result.notes
     assert "bf16_compress_wrapper_hook" in note and "TypeError: BF16 all reduce communication hook" in note
 

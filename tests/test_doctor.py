@@ -86,6 +86,53 @@ def test_a_machine_with_other_bits_is_told_what_that_means(monkeypatch):
     assert doctor.check_numerics().advice.startswith("unset COMMHOOKS_LAB_NUMERICS")
 
 
+def test_another_torch_that_gives_the_reference_bits_passes_and_the_verdict_is_the_digests(monkeypatch):
+    """A CUDA build of a newer torch gave all six reference digests: the doctor compares them, not version strings."""
+    from commhooks_lab.launcher import fingerprint
+
+    ref = fingerprint.reference()
+    seen = {**ref, "torch": "2.14.1+cu130"}
+    monkeypatch.setattr(fingerprint, "in_child", lambda: seen)
+    result = doctor.check_numerics()
+    assert result.status == doctor.PASS, result
+    assert f"all {len(ref['parts'])} parts" in result.seen and "torch 2.14.1+cu130" in result.seen
+    seen["parts"] = {**ref["parts"], "mlp": "0" * 16}
+    result = doctor.check_numerics()
+    assert result.status == doctor.INFO and "mlp differs" in result.seen and "conv differs" not in result.seen
+    assert f"torch 2.14.1+cu130 on {ref['machine']}, the reference is torch {ref['torch']}" in result.seen
+
+
+def test_the_bf16_verdict_is_what_ddp_did_on_this_build_not_what_the_device_suggests(monkeypatch):
+    """DDP's check reads the build: the doctor tries the hook in a child, whatever torch.cuda.is_available() says."""
+    import torch
+
+    from commhooks_lab import _compat
+
+    device = torch.cuda.is_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: not device)  # what the old guess read
+    result = doctor.check_bf16_hook()
+    refusal = _compat.bf16_refusal()
+    assert result.status == doctor.INFO, result
+    build = "a CPU build" if torch.version.cuda is None and torch.version.hip is None else " build with NCCL "
+    assert build in result.seen, result.seen
+    if refusal is None:
+        assert "DDP accepts bf16_compress_hook" in result.seen and "came back rounded to bfloat16" in result.seen
+    else:
+        assert "DDP refuses bf16_compress_hook" in result.seen and refusal in result.seen
+
+
+def test_a_cuda_build_without_a_gpu_is_shown_the_cpu_only_build(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    result = doctor.check_accelerator()
+    assert result.status == doctor.INFO and "on a CUDA 13.0 build" in result.seen
+    assert f"--index-url {doctor.CPU_INDEX}" in result.advice and "torch==" in result.advice
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert doctor.check_accelerator().advice == ""
+
+
 def test_doctor_is_a_command():
     import subprocess
     import sys

@@ -107,6 +107,19 @@ def test_numbers_move_within_the_tolerance_and_the_rest_must_stay():
     assert strict.startswith("the output differs (strict)") and len(moved) == 1
 
 
+def test_a_text_difference_is_shown_where_it_is_not_the_same_text_twice():
+    """The report quotes both sides from just before their first difference: a line that differs after 80 equal
+    characters, or one that only gains text at its end, never reads "'x' became 'x'"."""
+    from commhooks_lab.testing.notebooks import compare_text
+
+    same_start = "- hook bf16: DDP refuses it by name on this build; the lab measures the same arithmetic "
+    problem, _ = compare_text(same_start + "inside its probe", same_start + "as registered", TOL)
+    ref_side, new_side = problem.removeprefix("the text differs, not just numbers: ").split(" became ")
+    assert ref_side != new_side and "inside its probe" in ref_side and "as registered" in new_side, problem
+    longer, _ = compare_text("loss 1.995", "loss 1.995 (3 notes)", TOL)
+    assert "'loss <n>' became 'loss <n> (<n> notes)'" in longer, longer
+
+
 def test_a_cell_states_its_own_tolerance_over_the_notebooks():
     notebook = {"commhooks_lab": {"tolerance": {"rtol": 1e-6}}}
     cell = {"commhooks_lab": {"tolerance": {"rtol": 0.02, "atol": 1e-8, "why": "measured"}}}

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .. import _compat
 from ..hooks.contract import completed_future
 from . import Outcome, _choice_problem, check_function, check_prediction, reference
 
@@ -58,7 +59,7 @@ def _graph_break_hint(count: int, reasons: str) -> str:
     """Step 3: under compiled autograd the hook must not build a Future (Dynamo cannot trace one)."""
     breaks = f"{count} graph break{'s' if count != 1 else ''}"
     said = reasons.split(" | ")
-    future = [why for why in said if "Future" in why or "pybind11_object.__new__" in why]
+    future = [why for why in said if _compat.is_future_graph_break(why)]
     if future:
         return (
             f"the gradient is right in both forms, but Dynamo counted {breaks} in the backward compiled autograd "

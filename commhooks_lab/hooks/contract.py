@@ -103,6 +103,6 @@ def hook_result(bucket, tensor: torch.Tensor):
     """What a hook returns: a completed future for a ``GradBucket``; under compiled autograd the tensor itself.
 
     DDP ignores the return value there, and Dynamo cannot trace creating a ``torch.futures.Future``
-    (it breaks the compiled graph and warns about ``pybind11_object.__new__``).
+    (it breaks the compiled graph at pybind11's ``__new__``: :func:`commhooks_lab._compat.is_future_graph_break`).
     """
     return tensor if isinstance(bucket, tuple) else completed_future(tensor)

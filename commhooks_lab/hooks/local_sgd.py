@@ -7,8 +7,9 @@ gradient (DDP's hook sends nothing) and synchronise every ``H = sync_every`` opt
 - ``post_local_sgd``: PyTorch's ``post_localSGD_hook`` (global all-reduce for ``start_localSGD_iter``
   steps, then each rank's own subgroup) with its ``PeriodicModelAverager`` (period H). PyTorch
   builds the subgroups with ``dist.new_subgroups()``, whose default size is the number of GPUs per
-  machine ("Default group size only takes effect when CUDA is available"); on CPU the lab passes
-  subgroups of one rank explicitly, so after the warm-up each rank steps alone between averages;
+  machine (without one it raises ValueError: "Default group size only takes effect when CUDA is available",
+  "CUDA/XPU" from torch 2.14); on CPU the lab passes subgroups of one rank explicitly, so after the warm-up each
+  rank steps alone between averages;
 - ``diloco``: H inner optimizer steps, then the *pseudo-gradient* Δ = θ_global − θ_local is
   averaged over ranks (in float32, or cast to 16 bits first: ``compress``) and an outer SGD step with
   Nesterov momentum moves θ_global by it (Douillard et al., arXiv 2311.08105; ``torchft/local_sgd.py``); the outer
@@ -182,7 +183,7 @@ def group_of_one() -> Any:
     import torch.distributed as dist
 
     if _ALONE.get("world") is not dist.group.WORLD:  # a new process group (a restarted rank): new groups
-        # explicit subgroups of one rank: new_subgroups() without a size needs CUDA
+        # explicit subgroups of one rank: new_subgroups() without a size needs a GPU
         _ALONE.update(world=dist.group.WORLD, group=dist.new_subgroups(group_size=1)[0])
     return _ALONE["group"]
 

@@ -18,7 +18,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["compute", "differences", "environment", "in_child", "main", "reference", "report"]
+__all__ = ["compute", "differences", "environment", "in_child", "main", "other_build", "reference", "report"]
 
 REFERENCE_FILE = "reference_fingerprint.json"
 
@@ -123,16 +123,26 @@ def reference() -> dict:
 
 
 def differences(seen: dict, ref: dict | None = None) -> list[str]:
-    """Why ``seen`` would not give the reference numbers: one line per cause (empty: it would)."""
+    """Why ``seen`` would not give the reference numbers: one line per part whose bits differ (empty: it would).
+
+    The verdict is the digests': another torch (a CUDA build, a newer release) or architecture gave the reference
+    bits where they match, and is named as the likely cause only where they do not."""
     ref = reference() if ref is None else ref
-    if (seen["torch"], seen["machine"]) != (ref["torch"], ref["machine"]):
-        return [
-            f"torch {seen['torch']} on {seen['machine']}, the reference is torch {ref['torch']} on {ref['machine']}: "
-            "another build or architecture computes other bits"
-        ]
-    return [
+    problems = [
         f"{name} differs: {PARTS[name]}" for name, digest in ref["parts"].items() if seen["parts"].get(name) != digest
     ]
+    other = other_build(seen, ref)
+    if problems and other:
+        problems.append(f"{other}: another build or architecture can compute other bits")
+    return problems
+
+
+def other_build(seen: dict, ref: dict | None = None) -> str:
+    """'torch X on M, the reference is torch Y on N' where they are not the same, else ''."""
+    ref = reference() if ref is None else ref
+    if (seen["torch"], seen["machine"]) == (ref["torch"], ref["machine"]):
+        return ""
+    return f"torch {seen['torch']} on {seen['machine']}, the reference is torch {ref['torch']} on {ref['machine']}"
 
 
 def main(argv: list[str]) -> int:
@@ -145,7 +155,9 @@ def main(argv: list[str]) -> int:
     seen = in_child()
     print(json.dumps(seen, indent=2))
     problems = differences(seen)
-    print("\n".join(problems) or "same bits as the reference")
+    same = f"same bits as the reference in all {len(seen['parts'])} parts"
+    other = other_build(seen)
+    print("\n".join(problems) or (f"{same} ({other})" if other else same))
     return 1 if problems else 0
 
 

@@ -269,10 +269,29 @@ def _pytorch_only() -> dict[str, dict]:
     }
     out = {}
     for name, (what, fn, why) in tries.items():
-        error = _try(fn)
+        error = _said_the_same_way(_try(fn))
         note = (error + why) if error else why.lstrip("; ")
         out[name] = {"runs": error is None, "note": note, "what": what, "pytorch_only": True}
     return out
+
+
+#: Errors whose wording changes between torch releases, and what the lab says for them instead: the start of
+#: the message, then the lab's words. new_subgroups() without group_size makes one subgroup per machine of as many
+#: ranks as it has GPUs (distributed_c10d.py); torch 2.13 asks torch.cuda and says "CUDA", torch 2.14 asks
+#: torch.accelerator and says "CUDA/XPU".
+SAID_THE_SAME_WAY = {
+    "ValueError: Default group size only takes effect when": (
+        "ValueError: new_subgroups() without group_size makes one subgroup per machine's GPUs, and there is no GPU"
+    ),
+}
+
+
+def _said_the_same_way(error: str | None) -> str | None:
+    """``error`` as every supported torch release words it (:data:`SAID_THE_SAME_WAY`)."""
+    for start, said in SAID_THE_SAME_WAY.items():
+        if error is not None and error.startswith(start):
+            return said
+    return error
 
 
 #: What one step on the availability child's one-rank model shows, and what it cannot.

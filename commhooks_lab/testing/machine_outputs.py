@@ -15,7 +15,9 @@ Two things about where a notebook runs change what a correct cell prints, and ne
   cell's own outputs are. Each variant is still compared strictly (or within tolerance), so the cell stays
   regression-checked on every kind of machine it has outputs for.
 
-``scripts/record_variants.py`` writes the variants from a notebook executed on the other kind of machine.
+``scripts/record_variants.py`` writes the variants from a notebook executed on the other kind of machine, only for
+cells that declare which facts their outputs depend on (``{"commhooks_lab": {"depends_on": {"torch_build": why}}}``)
+and only where the two machines differ in one of those facts (:func:`what_to_record`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,16 @@ import functools
 
 from ..launcher.notes import is_note
 
-__all__ = ["FACTS", "machine_facts", "reference_outputs", "variant_key", "without_notes"]
+__all__ = [
+    "declared_facts",
+    "FACTS",
+    "machine_facts",
+    "reference_outputs",
+    "set_variant",
+    "variant_key",
+    "what_to_record",
+    "without_notes",
+]
 
 #: The facts a variant may name, and what each means.
 FACTS = {
@@ -73,3 +84,41 @@ def reference_outputs(cell_metadata: dict, committed: list, facts: dict | None =
 def without_notes(outputs: list) -> list:
     """``outputs`` less the machine notes."""
     return [o for o in outputs if not is_note(o)]
+
+
+def declared_facts(cell_metadata: dict) -> dict[str, str]:
+    """The facts a cell declares its outputs depend on, each with why (``commhooks_lab.depends_on``)."""
+    declared = (cell_metadata.get(variant_key) or {}).get("depends_on") or {}
+    _check_when(declared)
+    return dict(declared)
+
+
+def what_to_record(cell_metadata: dict, differs: bool, here: dict, there: dict) -> tuple[str, dict | str | None]:
+    """What recording does with one cell executed on a machine with facts ``there``, its committed outputs made
+    on one with facts ``here``: ``("record", when)``, ``("drop", when)`` (a stale variant: the outputs agree now),
+    ``("same", None)``, or ``("refuse", why)`` where the difference is not explained by a fact the cell declares."""
+    declared = declared_facts(cell_metadata)
+    explaining = sorted(name for name in declared if here.get(name) != there.get(name))
+    when = {name: there[name] for name in explaining}
+    if not differs:
+        stale = any(v["when"] == when for v in (cell_metadata.get(variant_key) or {}).get("outputs_when") or [])
+        return ("drop", when) if explaining and stale else ("same", None)
+    if not declared:
+        return "refuse", "its outputs differ and it declares no fact they depend on (a regression, or mark the cell)"
+    if not explaining:
+        same = ", ".join(f"{name}={here.get(name)!r}" for name in sorted(declared))
+        return "refuse", f"its outputs differ, but both machines have the facts it declares ({same})"
+    return "record", when
+
+
+def set_variant(cell_metadata: dict, when: dict, outputs: list | None) -> None:
+    """Keep ``outputs`` as the cell's variant for ``when`` (replacing one for the same ``when``); None drops it."""
+    _check_when(when)
+    lab = cell_metadata.setdefault(variant_key, {})
+    variants = [v for v in lab.get("outputs_when") or [] if v["when"] != when]
+    if outputs is not None:
+        variants.append({"when": dict(when), "outputs": [dict(o) for o in outputs]})
+    if variants:
+        lab["outputs_when"] = variants
+    else:
+        lab.pop("outputs_when", None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -21,10 +21,13 @@ __all__ = [
     "compare_notebooks",
     "compare_outputs",
     "compare_text",
+    "compared_cells",
+    "first_difference",
     "flatten",
     "is_integer",
     "METADATA_KEY",
     "Moved",
+    "not_compared",
     "NUMBER",
     "STRICT",
     "Tolerance",
@@ -131,6 +134,16 @@ def is_integer(token: str) -> bool:
     return not any(c in token for c in ".eE")
 
 
+def first_difference(ref: str, new: str, before: int = 20, width: int = 80) -> tuple[str, str]:
+    """Both texts from a little before the first character where they differ (white space folded), ``width``
+    characters each: what a report shows, so the two sides it prints are never the same text."""
+    ref, new = re.sub(r"\s+", " ", ref), re.sub(r"\s+", " ", new)
+    where = next((i for i, (a, b) in enumerate(zip(ref, new)) if a != b), min(len(ref), len(new)))
+    start = max(0, where - before)
+    cut = "…" if start else ""
+    return cut + ref[start : start + width], cut + new[start : start + width]
+
+
 def compare_text(ref: str, new: str, tolerance: Tolerance) -> tuple[str, list[Moved]]:
     """(problem, moved numbers): problem is empty when ``new`` matches ``ref`` under ``tolerance``.
 
@@ -143,10 +156,8 @@ def compare_text(ref: str, new: str, tolerance: Tolerance) -> tuple[str, list[Mo
     ref_text, ref_numbers = _split_numbers(ref)
     new_text, new_numbers = _split_numbers(new)
     if ref_text != new_text or len(ref_numbers) != len(new_numbers):
-        where = next((i for i, (a, b) in enumerate(zip(ref_text, new_text)) if a != b), min(len(ref_text), 0))
-        a = ref_text[where] if where < len(ref_text) else ""
-        b = new_text[where] if where < len(new_text) else ""
-        return f"the text differs, not just numbers: {a.strip()[:80]!r} became {b.strip()[:80]!r}", []
+        a, b = first_difference(NUMBER.sub("<n>", ref), NUMBER.sub("<n>", new))
+        return f"the text differs, not just numbers: {a!r} became {b!r}", []
     moved, problems = [], []
     for a, b in zip(ref_numbers, new_numbers):
         if a == b:
@@ -240,7 +251,8 @@ def sanitizer(path: str | None = None) -> Callable[[str], str]:
     return sanitize
 
 
-def _ignored(cell: dict) -> bool:
+def not_compared(cell: dict) -> bool:
+    """Is this code cell one nbval does not compare (``NBVAL_IGNORE_OUTPUT``, ``NBVAL_SKIP``, the tag)?"""
     source = "".join(cell.get("source", ""))
     tags = cell.get("metadata", {}).get("tags", [])
     return "NBVAL_IGNORE_OUTPUT" in source or "NBVAL_SKIP" in source or "nbval-ignore-output" in tags
@@ -260,14 +272,19 @@ def compare_notebooks(
     """
     sanitize = sanitize or sanitizer()
     tolerance_for = tolerance_for or tolerance_of
+    reports = []
+    for number, a, b in compared_cells(ref, new):
+        tolerance = tolerance_for(ref.get("metadata", {}), a.get("metadata", {})) if tolerant else STRICT
+        reports.append(compare_outputs(a["outputs"], b["outputs"], tolerance, sanitize, cell=number))
+    return reports
+
+
+def compared_cells(ref: dict, new: dict) -> Iterator[tuple[int, dict, dict]]:
+    """``(number, ref cell, new cell)`` for each code cell nbval compares, numbered as nbval numbers them."""
     ref_cells = [c for c in ref["cells"] if c["cell_type"] == "code"]
     new_cells = [c for c in new["cells"] if c["cell_type"] == "code"]
     if len(ref_cells) != len(new_cells):
         raise ValueError(f"{len(ref_cells)} code cells became {len(new_cells)}: not the same notebook")
-    reports = []
     for number, (a, b) in enumerate(zip(ref_cells, new_cells)):
-        if _ignored(a):
-            continue
-        tolerance = tolerance_for(ref.get("metadata", {}), a.get("metadata", {})) if tolerant else STRICT
-        reports.append(compare_outputs(a["outputs"], b["outputs"], tolerance, sanitize, cell=number))
-    return reports
+        if not not_compared(a):
+            yield number, a, b
