@@ -22,7 +22,7 @@ session of its own, with a ``pkill`` first on ``PATH`` that only writes down wha
 as ``python worker.py`` from ``PATH``, so ``--nbd-python``'s folder goes on ``PATH`` too. Make its venv with:
 
     python3 -m venv /tmp/nbd-venv
-    /tmp/nbd-venv/bin/pip install -c constraints.txt torch==2.13.0 ipython numpy psutil pyzmq
+    /tmp/nbd-venv/bin/pip install -c constraints/py3.11.txt torch==2.13.0 ipython numpy psutil pyzmq
     /tmp/nbd-venv/bin/pip install --no-deps nbdistributed==0.1.0   # it asks for 'jupyter', which it never imports
 
     python bench/nbdistributed.py [--nbd-python /tmp/nbd-venv/bin/python] [--repeats 3] [--timeout 10]

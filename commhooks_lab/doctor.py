@@ -17,6 +17,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .course import install_paths
+
 __all__ = [
     "all_checks",
     "Check",
@@ -71,7 +73,8 @@ def check_torch() -> Check:
             "torch",
             FAIL,
             f"not importable ({exc})",
-            "pip install -c constraints.txt -e '.[test,accelerate]' (torch==2.13.0 is the CPU build here)",
+            f"from the repository root: {install_paths.SETUP_COMMAND} (or {install_paths.CPU_SETUP_COMMAND} for the "
+            "CPU build)",
         )
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
     if not dist.is_available() or not dist.is_gloo_available():
@@ -84,10 +87,6 @@ def check_torch() -> Check:
     return Check("torch", PASS, f"{torch.__version__} ({build})")
 
 
-#: PyTorch's own index of CPU-only wheels: PyPI's Linux ``torch`` is a CUDA build, GPU or not.
-CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-
-
 def check_accelerator() -> Check:
     """GPUs are optional: the lab runs on CPU. A CUDA build without a GPU works, at several GB more than needed."""
     import torch
@@ -95,13 +94,11 @@ def check_accelerator() -> Check:
     if not torch.cuda.is_available():
         if torch.version.cuda is None:
             return Check("GPU / NCCL", INFO, "no CUDA device: ranks run on CPU with gloo")
-        release = torch.__version__.split("+")[0]
         return Check(
             "GPU / NCCL",
             INFO,
             f"no CUDA device: ranks run on CPU with gloo, on a CUDA {torch.version.cuda} build",
-            f"the CPU-only build is enough here and far smaller (measured: a 6.4 GB venv with torch 2.14.1+cu130, "
-            f"2.0 GB with 2.13.0+cpu): pip install torch=={release} --index-url {CPU_INDEX}",
+            f"the CPU-only build is enough here and far smaller; {install_paths.cpu_only_advice()}",
         )
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "?"
     return Check("GPU / NCCL", INFO, f"{torch.cuda.device_count()} CUDA device(s), NCCL {nccl}")
@@ -194,6 +191,17 @@ def check_private_network() -> Check:
         return Check(name, PASS, "gloo ranks in a private network namespace: no other account can reach their sockets")
     advice = "on a machine only you use this does not matter; on a shared server allow unprivileged user namespaces"
     return Check(name, INFO, f"{open_to_all} ({why})", advice)
+
+
+def check_links() -> Check:
+    """Can this machine put ranks behind rate-limited links (notebooks 8 and 11)? If not, which sections replay
+    recorded runs instead, and the way out."""
+    from .studies.recorded import links_report
+
+    report = links_report()
+    if report is None:
+        return Check("links", PASS, "rate-limited links can be built here (user and network namespaces)")
+    return Check("links", INFO, report["seen"], report["advice"])
 
 
 def _child() -> None:  # a module-level function: spawn and forkserver must import it
@@ -368,6 +376,7 @@ def all_checks() -> list[Callable[[], Check]]:
         check_machine,
         check_rendezvous,
         check_private_network,
+        check_links,
         lambda: check_start_method("spawn"),
         lambda: check_start_method("forkserver"),
         check_gloo_allreduce,

@@ -44,8 +44,10 @@ NO_NETWORK = (
 
 
 def load_install_paths():
-    """commhooks_lab/install_paths.py by path: the package itself (and torch) is not installed yet."""
-    spec = importlib.util.spec_from_file_location("install_paths", ROOT / "commhooks_lab" / "install_paths.py")
+    """commhooks_lab/course/install_paths.py by path: the package itself (and torch) is not installed yet."""
+    spec = importlib.util.spec_from_file_location(
+        "install_paths", ROOT / "commhooks_lab" / "course" / "install_paths.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -236,7 +236,18 @@ LAYERS = {
     "result": {"safe_files"},
     "course": {"safe_files"},
     "experiment": {"launcher", "hooks", "measure", "engine", "result", "_compat", "_util", "safe_files"},
-    "studies": {"launcher", "hooks", "measure", "engine", "experiment", "result", "_compat", "_util", "safe_files"},
+    "studies": {
+        "launcher",
+        "hooks",
+        "measure",
+        "engine",
+        "experiment",
+        "result",
+        "_compat",
+        "_util",
+        "safe_files",
+        "course",
+    },
 }
 
 

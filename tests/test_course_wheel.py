@@ -67,6 +67,10 @@ def test_the_wheel_installs_the_course_and_copies_it_out(fresh_env, tmp_path):
         p.relative_to(tmp_path / "course") for p in (tmp_path / "course").rglob("*.*") if p.name[0] != "."
     ) == (course_files(ROOT))
     assert f"{len(course_files(ROOT))} written" in copied.stdout
+    recorded = sorted(p.name for p in (purelib / "commhooks_lab" / "studies" / "recorded").glob("*.json"))
+    assert recorded == sorted(p.name for p in (ROOT / "commhooks_lab" / "studies" / "recorded").glob("*.json")), (
+        "where links cannot be built, notebooks 8 and 11 replay these recordings: the wheel must carry them"
+    )
 
 
 def test_notebook_1_passes_its_regression_where_the_wheel_put_it(fresh_env, tmp_path):

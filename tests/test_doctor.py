@@ -128,7 +128,7 @@ def test_a_cuda_build_without_a_gpu_is_shown_the_cpu_only_build(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     result = doctor.check_accelerator()
     assert result.status == doctor.INFO and "on a CUDA 13.0 build" in result.seen
-    assert f"--index-url {doctor.CPU_INDEX}" in result.advice and "torch==" in result.advice
+    assert "setup_venv.py --cpu" in result.advice and "download.pytorch.org/whl/cpu" in result.advice
     monkeypatch.setattr(torch.version, "cuda", None)
     assert doctor.check_accelerator().advice == ""
 
@@ -153,3 +153,16 @@ def test_the_doctor_says_whether_another_account_can_reach_the_ranks(monkeypatch
     assert "COMMHOOKS_LAB_PRIVATE_NETWORK='0' asks for this machine's loopback" in shared.seen
     monkeypatch.setenv(isolation.VARIABLE, "perhaps")
     assert doctor.check_private_network().status == doctor.FAIL
+
+
+def test_links_say_which_sections_replay_recordings_where_namespaces_are_refused(monkeypatch):
+    from commhooks_lab.launcher import private_network
+
+    if private_network.why_unavailable() is None:  # this machine builds links
+        assert doctor.check_links().status == doctor.PASS
+    refused = {"refused": "user namespaces are refused here", "way_out": "ask the owner", "netem": False}
+    monkeypatch.setattr(private_network, "facts", lambda: refused)
+    result = doctor.check_links()
+    assert result.status == doctor.INFO and "user namespaces are refused here" in result.seen
+    assert "notebook 8" in result.seen and "notebook 11" in result.seen, result.seen
+    assert result.advice.startswith("ask the owner") and "Docker" in result.advice, result.advice

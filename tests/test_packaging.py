@@ -10,7 +10,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from commhooks_lab import install_paths
+from commhooks_lab.course import install_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name where they differ
@@ -100,7 +100,7 @@ def test_the_readme_is_short_and_points_to_the_reference_it_moved_out():
 
 
 def test_the_readme_sets_up_with_the_script_and_states_both_torch_builds_sizes():
-    """What doctor says about a CPU-only install (commhooks_lab/install_paths.py) is what the README says."""
+    """What doctor says about a CPU-only install (commhooks_lab/course/install_paths.py) is what the README says."""
     assert readme_commands()["setup"].startswith(install_paths.SETUP_COMMAND + " && ")
     section = (ROOT / "README.md").read_text().split("## Two commands")[1].split("\n## ")[0]
     facts = ("DEFAULT_TORCH_DOWNLOAD", "DEFAULT_VENV_SIZE", "CPU_TORCH_DOWNLOAD", "CPU_VENV_SIZE", "CPU_INDEX")
