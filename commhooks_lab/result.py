@@ -16,7 +16,7 @@ import pandas as pd
 
 from .safe_files import Folder, parse_json, read_file, shown
 
-__all__ = ["from_ranks", "load", "Result", "ResultSet", "VERSION"]
+__all__ = ["from_json", "from_ranks", "load", "Result", "ResultSet", "VERSION"]
 
 FORMAT = "commhooks_lab.Result"
 #: How the summary columns are shown: enough digits to compare hooks, few enough to stay stable.
@@ -233,7 +233,11 @@ def load(path) -> Result | ResultSet:
 
 
 def _parse(path: Path, raw: bytes) -> Result:
-    data = parse_json(raw, path, f"it is not a saved commhooks_lab Result; {_ADVICE}")
+    return from_json(parse_json(raw, path, f"it is not a saved commhooks_lab Result; {_ADVICE}"), path)
+
+
+def from_json(data: object, path: Path) -> Result:
+    """The Result that :meth:`Result.to_json` gave ``data`` for, checked field by field; messages name ``path``."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"{shown(path)} is not a saved commhooks_lab Result; {_ADVICE}")
     if data.get("version") != VERSION:

@@ -32,7 +32,7 @@ from ..engine.config import ExperimentConfig
 from ..experiment import compare
 from ..launcher import Cluster, private_network
 from ..launcher.link import as_link, payload_share
-from ..result import Result, ResultSet, _frame_from_json, _frame_to_json
+from ..result import Result, ResultSet, _frame_from_json, _frame_to_json, from_json
 from . import network, recorded
 
 __all__ = [
@@ -415,16 +415,10 @@ def race(hooks: Sequence[str], link: str, seeds: Sequence[int] = (0,), **setting
     arguments = dict(hooks=list(hooks), link=link, seeds=list(seeds), **settings)
     if private_network.why_unavailable() is not None:
         runs = recorded.replay("race", arguments, f"link={link!r}")
-        return ResultSet(_result_from_json(run) for run in runs)
+        return ResultSet(from_json(run, recorded.DIRECTORY) for run in runs)
     raced = ResultSet(r for seed in seeds for r in compare(list(hooks), link=link, seed=seed, **settings))
     recorded.keep("race", arguments, [r.to_json() for r in raced])
     return raced
-
-
-def _result_from_json(data: dict) -> Result:
-    """A Result from what :meth:`Result.to_json` gave (a recording is trusted data: the package's own)."""
-    steps, layers = _frame_from_json(data["steps"]), _frame_from_json(data["layers"])
-    return Result(data["config"], steps, layers, data["notes"], data["env"], data["final"], data.get("sample"))
 
 
 def training_seconds(result: Result) -> pd.Series:
