@@ -175,12 +175,12 @@ def job(steps):
     import torch.distributed as dist
 
     from commhooks_lab import ExperimentConfig, WorkerContext
-    from commhooks_lab.engine.job import run_experiment
+    from commhooks_lab.engine.ddp_job import ddp_job
 
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     ctx = WorkerContext(dist.get_rank(), dist.get_world_size(), "gloo", torch.device("cpu"))
-    run_experiment(ctx, ExperimentConfig(hook="allreduce", steps=steps, world_size=dist.get_world_size()))
+    ddp_job(ctx, ExperimentConfig(hook="allreduce", steps=steps, world_size=dist.get_world_size()))
 """,
     "debug_launcher(job, args=({steps},), num_processes={world_size})\n",
 )

@@ -24,7 +24,7 @@ import time
 import pandas as pd
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from commhooks_lab.launcher import private_network  # noqa: E402
+from commhooks_lab.launcher import netns_switch  # noqa: E402
 from commhooks_lab.studies import links as study  # noqa: E402
 
 #: Fewer steps where a step takes seconds; every run leaves ``study.WARMUP_STEPS`` out.
@@ -40,7 +40,7 @@ def main() -> int:
     )
     parser.add_argument("--world-size", type=int, default=2)
     args = parser.parse_args()
-    why = private_network.why_unavailable()
+    why = netns_switch.why_unavailable()
     if why:
         print(f"slow links are not available here: {why}")
         return 1

@@ -8,12 +8,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .engine.config import ExperimentConfig
-from .engine.jobs import job_for
+from .engine.dispatch import job_for
 from .hooks.choice import HookChoice
 from .hooks.powersgd import SHORT_RUN_START
 from .launcher import Cluster
 from .launcher.cluster import serialize_task
-from .launcher.link import as_link, link_notes
+from .launcher.link_spec import as_link, link_notes
 from .launcher.torchrun import launch_from_env, under_torchrun
 from .result import Result, ResultSet, from_ranks
 
@@ -205,11 +205,11 @@ def _compare_under_torchrun(configs: list[ExperimentConfig], cluster: Cluster | 
     """Every config in this torchrun process group; rank 0 assembles the results."""
     if cluster is not None or fresh:
         raise ValueError("under torchrun the ranks are given: drop cluster= and fresh=")
-    from .engine.jobs import run_experiments
+    from .engine.dispatch import run_configs
 
     configs = [c.replace(world_size=int(os.environ["WORLD_SIZE"])) for c in configs]
     choices = [config.check(local=False) for config in configs]  # every typo, before the first collective
-    per_rank = launch_from_env(run_experiments, configs, choices)
+    per_rank = launch_from_env(run_configs, configs, choices)
     if per_rank is None:  # not rank 0: rank 0 reports
         return None
     return ResultSet(

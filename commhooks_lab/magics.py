@@ -1,7 +1,7 @@
 """``%load_ext commhooks_lab``: run notebook cells on the kernel's warm ranks.
 
 - ``%ddp start [-n 2] [--timeout 30] [--link 100mbit]``: start (or join) the session's warm ranks, the ones
-  ``lab.run`` uses (with ``--link``, each behind a link of its own: :mod:`commhooks_lab.launcher.link`);
+  ``lab.run`` uses (with ``--link``, each behind a link of its own: :mod:`commhooks_lab.launcher.link_spec`);
 - ``%%ddp [--rank 0[,1...]] [--timeout S] [--measure]``: run the cell on every rank (or those), each in a namespace
   of its own that persists between cells, with ``torch``, ``dist`` (initialised), ``ctx``, ``rank`` and
   ``world_size`` set. ``--measure`` (every rank): a hook registered in the cell runs inside the lab's probe, each
@@ -175,7 +175,7 @@ class _DDP:
         words = shlex.split(line)
         command, rest = (words[0], words[1:]) if words else ("status", [])
         if command == "start":
-            from .launcher.link import as_link
+            from .launcher.link_spec import as_link
             from .launcher.options import DEFAULT_TIMEOUT_S, check_common_options
 
             parser = _Parser(prog="%ddp start", add_help=False, exit_on_error=False)
@@ -200,7 +200,7 @@ class _DDP:
             return None
         if command == "status":
             from .launcher import session
-            from .launcher.link import as_link
+            from .launcher.link_spec import as_link
 
             running = [c for c in session.active() if c.world_size == self.world_size and c.link == as_link(self.link)]
             print(f"{self.world_size} ranks {'running' if running else 'not started'}")

@@ -21,7 +21,7 @@ from .engine.models import TASKS
 from .experiment import run
 from .hooks import registry
 from .launcher import Cluster, session
-from .launcher.link import as_link
+from .launcher.link_spec import as_link
 from .live_plots import LiveFigures
 from .result import ResultSet
 from .studies.availability import available_hooks
@@ -172,7 +172,7 @@ class HookLab:
         if self.link.value == "none":
             self.link_note.value = ""
             return
-        from .launcher.private_network import why_unavailable
+        from .launcher.netns_switch import why_unavailable
 
         why = why_unavailable()
         self.link_note.value = (

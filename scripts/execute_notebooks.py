@@ -27,7 +27,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from commhooks_lab.launcher import notes, private_network
+from commhooks_lab.launcher import netns_switch, notes
 from commhooks_lab.studies import recorded
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,7 +88,7 @@ def install_recording(nb: nbformat.NotebookNode, stem: str, recording: Path) -> 
         return f"recorded {len(runs)} run(s) behind links"
     if not target.is_file():
         return None
-    if private_network.why_unavailable() is None:
+    if netns_switch.why_unavailable() is None:
         target.unlink()
         return "no runs behind links any more: its recording is removed"
     return "no links can be built here: its runs behind links were replayed, and its recording stays as it was"

@@ -195,11 +195,11 @@ def test_the_compressor_hook_makes_every_tensor_on_the_gradients_device(zoo_clus
 
 def test_a_reused_error_feedback_object_starts_each_run_from_zero(zoo_cluster):
     """Two runs in one rank process with one compressor object (as under torchrun): the second starts from zero."""
-    from commhooks_lab.engine.jobs import run_experiments
+    from commhooks_lab.engine.dispatch import run_configs
 
     config = lab.ExperimentConfig(hook=ErrorFeedback(TopK(0.01)), steps=3)
     choice = config.check()
-    first, second = zoo_cluster.run(run_experiments, [config, config], [choice, choice])[0]
+    first, second = zoo_cluster.run(run_configs, [config, config], [choice, choice])[0]
     assert first["param_digest"] == second["param_digest"]
     assert [s["rel_error"] for s in first["steps"]] == [s["rel_error"] for s in second["steps"]]
 

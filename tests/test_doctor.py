@@ -156,12 +156,12 @@ def test_the_doctor_says_whether_another_account_can_reach_the_ranks(monkeypatch
 
 
 def test_links_say_which_sections_replay_recordings_where_namespaces_are_refused(monkeypatch):
-    from commhooks_lab.launcher import private_network
+    from commhooks_lab.launcher import netns_switch
 
-    if private_network.why_unavailable() is None:  # this machine builds links
+    if netns_switch.why_unavailable() is None:  # this machine builds links
         assert doctor.check_links().status == doctor.PASS
     refused = {"refused": "user namespaces are refused here", "way_out": "ask the owner", "netem": False}
-    monkeypatch.setattr(private_network, "facts", lambda: refused)
+    monkeypatch.setattr(netns_switch, "facts", lambda: refused)
     result = doctor.check_links()
     assert result.status == doctor.INFO and "user namespaces are refused here" in result.seen
     assert "notebook 8" in result.seen and "notebook 11" in result.seen, result.seen

@@ -58,10 +58,10 @@ def test_a_recording_nothing_remade_goes_where_links_build_and_stays_where_they_
 ):
     """Where links build, a notebook that recorded nothing makes no runs behind links: its old recording would be
     stale. Where they cannot, its runs were replays of that recording, which must stay."""
-    from commhooks_lab.launcher import private_network
+    from commhooks_lab.launcher import netns_switch
 
     refused = None if links_here else "no namespaces (simulated)"
-    monkeypatch.setattr(private_network, "facts", lambda: {"refused": refused, "way_out": "none", "netem": False})
+    monkeypatch.setattr(netns_switch, "facts", lambda: {"refused": refused, "way_out": "none", "netem": False})
     monkeypatch.setattr(recorded, "DIRECTORY", tmp_path / "recorded")
     (tmp_path / "recorded").mkdir()
     old = tmp_path / "recorded" / "11_race.json"

@@ -6,13 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from commhooks_lab.launcher import private_network
-from commhooks_lab.launcher.link import payload_share
+from commhooks_lab.launcher import netns_switch
+from commhooks_lab.launcher.link_spec import payload_share
 from commhooks_lab.result import Result
 from commhooks_lab.studies import links, network
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
-WHY_NOT = private_network.why_unavailable()
+WHY_NOT = netns_switch.why_unavailable()
 needs_links = pytest.mark.skipif(WHY_NOT is not None, reason=f"no private network here: {WHY_NOT}")
 
 BIG = {"allreduce_bytes": 4e6, "allgather_bytes": 0.0, "allreduce_calls": 1.0, "allgather_calls": 0.0}

@@ -14,12 +14,12 @@ import pytest
 from conftest import live_children, wait_gone
 
 import commhooks_lab as lab
-from commhooks_lab.launcher import Cluster, private_network, rank_server, session
-from commhooks_lab.launcher.link import Link, as_link, payload_share
-from commhooks_lab.launcher.private_network import NetworkUnavailableError
+from commhooks_lab.launcher import Cluster, netns_switch, rank_server, session
+from commhooks_lab.launcher.link_spec import Link, as_link, payload_share
+from commhooks_lab.launcher.netns_switch import NetworkUnavailableError
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
-WHY_NOT = private_network.why_unavailable()
+WHY_NOT = netns_switch.why_unavailable()
 needs_links = pytest.mark.skipif(WHY_NOT is not None, reason=f"no private network here: {WHY_NOT}")
 
 # -- the spec ----------------------------------------------------------------------------------------------------
@@ -65,11 +65,11 @@ def test_the_payload_share_is_tcps_segment_over_the_frame():
 
 def test_where_the_machine_refuses_namespaces_nothing_starts_and_the_cause_is_named(monkeypatch):
     cause = "AppArmor forbids unprivileged user namespaces here (...): sudo sysctl ..., or run without link="
-    monkeypatch.setattr(private_network, "why_unavailable", lambda: cause)
+    monkeypatch.setattr(netns_switch, "why_unavailable", lambda: cause)
     before = live_children()
     with pytest.raises(NetworkUnavailableError, match=r"link='100mbit' cannot be built on this machine: AppArmor") as e:
         Cluster(2, link="100mbit")
-    assert str(e.value).endswith(private_network.WITHOUT_A_LINK)
+    assert str(e.value).endswith(netns_switch.WITHOUT_A_LINK)
     with pytest.raises(NetworkUnavailableError, match="AppArmor"):
         lab.run(hook="fp16", steps=2, link="100mbit", fresh=True)
     with pytest.raises(NetworkUnavailableError, match="AppArmor"):
@@ -92,8 +92,8 @@ def test_where_the_machine_refuses_namespaces_nothing_starts_and_the_cause_is_na
 )  # fmt: skip
 def test_each_cause_of_a_refused_namespace_names_a_way_out_that_exists(monkeypatch, files, code, says, way_out):
     """No "raise it" where a container cannot, and no model promised to stand in that no cell shows."""
-    monkeypatch.setattr(private_network, "_read", files.get)
-    found = private_network._refusal(OSError(code, os.strerror(code)))
+    monkeypatch.setattr(netns_switch, "_read", files.get)
+    found = netns_switch._refusal(OSError(code, os.strerror(code)))
     assert says in found["refused"] and way_out in found["way_out"]
     assert "raise it," not in found["way_out"] and "stands in" not in found["way_out"]
 
@@ -123,11 +123,11 @@ def _qdisc_rate(ctx, floats: int) -> dict:
     x = torch.ones(floats)
     dist.all_reduce(x)  # the first one sets up gloo's pairs
     dist.barrier()
-    sent = private_network.qdisc_bytes()
+    sent = netns_switch.qdisc_bytes()
     start = time.perf_counter()
     dist.all_reduce(x)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "bits_per_s": 8 * (private_network.qdisc_bytes() - sent) / seconds}
+    return {"seconds": seconds, "bits_per_s": 8 * (netns_switch.qdisc_bytes() - sent) / seconds}
 
 
 def _fan_in(ctx, floats: int) -> float:
@@ -200,7 +200,7 @@ def test_nothing_is_left_behind_ranks_veths_or_namespaces():
     deadline = time.monotonic() + 10
     while any(f"lab{pid}" in _interfaces(server) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.05)  # each rank deletes its veth pair as it leaves
-    assert _interfaces(server) == {"lo", private_network.BRIDGE}
+    assert _interfaces(server) == {"lo", netns_switch.BRIDGE}
     host = rank_server._servers.pop(next(k for k, s in rank_server._servers.items() if s.pid == server))
     host.stop()
     assert not wait_gone([server])

@@ -13,8 +13,8 @@ import pytest
 import commhooks_lab as lab
 from commhooks_lab import ExperimentConfig
 from commhooks_lab.launcher import cluster
-from commhooks_lab.launcher.link import as_link
-from commhooks_lab.launcher.private_network import why_unavailable
+from commhooks_lab.launcher.link_spec import as_link
+from commhooks_lab.launcher.netns_switch import why_unavailable
 from commhooks_lab.launcher.step_watch import StepWatch
 
 

@@ -9,8 +9,8 @@ import pytest
 from test_testing import failed_notebooks, nbval
 
 from commhooks_lab.course import course_root
-from commhooks_lab.launcher import isolation, notes, private_network
-from commhooks_lab.launcher.private_network import NetworkUnavailableError
+from commhooks_lab.launcher import isolation, netns_switch, notes
+from commhooks_lab.launcher.netns_switch import NetworkUnavailableError
 from commhooks_lab.result import Result
 from commhooks_lab.studies import links, recorded
 
@@ -24,7 +24,7 @@ LINKS = ("unlimited", "100mbit")
 def refused(monkeypatch):
     """This machine refuses user namespaces (the probe's answer, as on a machine that does)."""
     facts = {"refused": CAUSE, "way_out": WAY_OUT, "netem": False}
-    monkeypatch.setattr(private_network, "facts", lambda: facts)
+    monkeypatch.setattr(netns_switch, "facts", lambda: facts)
 
 
 def _timed() -> links.LinkTimes:
@@ -136,7 +136,7 @@ def test_doctor_is_told_the_sections_and_the_way_out_only_where_links_are_refuse
     for way in ("kernel.apparmor_restrict_unprivileged_userns=0", "--security-opt seccomp=unconfined",
                 "hosted notebook service (Colab, Kaggle, ...): none"):  # fmt: skip
         assert way in report["advice"]
-    monkeypatch.setattr(private_network, "facts", lambda: {"refused": None, "way_out": "", "netem": True})
+    monkeypatch.setattr(netns_switch, "facts", lambda: {"refused": None, "way_out": "", "netem": True})
     assert recorded.links_report() is None
 
 
@@ -153,8 +153,8 @@ def test_the_shared_loopback_is_said_once_in_a_script_as_a_warning_with_cause_wa
     assert CAUSE in text and WAY_OUT in text and "`lab.studies.links`" in text and "loopback" in text
 
 
-SHARED = """from commhooks_lab.launcher import isolation, private_network
-private_network.facts = lambda: {"refused": "no namespaces (simulated)", "way_out": "none", "netem": False}
+SHARED = """from commhooks_lab.launcher import isolation, netns_switch
+netns_switch.facts = lambda: {"refused": "no namespaces (simulated)", "way_out": "none", "netem": False}
 print(isolation.isolates("gloo", "forkserver"), isolation.isolates("gloo", "forkserver"))"""
 
 

@@ -30,7 +30,7 @@ import pytest
 
 import commhooks_lab as lab
 from commhooks_lab import Cluster
-from commhooks_lab.launcher.private_network import why_unavailable
+from commhooks_lab.launcher.netns_switch import why_unavailable
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 

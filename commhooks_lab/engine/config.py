@@ -17,7 +17,7 @@ from typing import Any
 
 from ..hooks import registry
 from ..hooks.choice import HookChoice, check_hook_choice, split_spec
-from ..launcher.link import Link, payload_share
+from ..launcher.link_spec import Link, payload_share
 from ..launcher.options import DEFAULT_TIMEOUT_S, check_common_options, check_launch_options, check_link
 from ..launcher.rank_server import DEFAULT_START_METHOD
 from .models import TASKS, effective_seed, resolve_task_factory

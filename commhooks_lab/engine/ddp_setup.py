@@ -1,7 +1,7 @@
 """Model, optimizer and hook registration for each way of setting up DDP (plain PyTorch, Accelerate).
 
 Both paths register the chosen hook inside the probe and hand the training loop the same
-:class:`Setup`, so the loop in :mod:`commhooks_lab.engine.job` never asks which path it runs.
+:class:`Setup`, so the loop in :mod:`commhooks_lab.engine.ddp_job` never asks which path it runs.
 """
 
 from __future__ import annotations

@@ -60,12 +60,12 @@ def _errors(h: torch.Tensor, exact: torch.Tensor) -> dict:
 def fsdp2_job(ctx, config, choice) -> dict:
     """Worker: train ``config.steps`` steps with FSDP2 and measure each one; rank 0 returns the tables.
 
-    ``choice`` (the checked hook choice, the same call shape as ``run_experiment``) names the reduce_dtype.
+    ``choice`` (the checked hook choice, the same call shape as ``ddp_job``) names the reduce_dtype.
     """
     from ..measure.payload import PayloadCounter
     from .data import rank_batches
+    from .ddp_job import accuracy, param_digest, run_environment
     from .ddp_setup import make_optimizer
-    from .job import accuracy, param_digest, run_environment
     from .models import build_task
 
     dtype = reduce_dtype(choice)

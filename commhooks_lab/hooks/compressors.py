@@ -1,13 +1,14 @@
-"""A compressor zoo beyond PyTorch's hooks, each a few lines behind one small interface.
+"""Compressors beyond PyTorch's hooks, each a few lines behind one small interface.
 
 A compressor turns one gradient tensor into a *payload* (a list of tensors: values, indices,
 scales, bits) and back. It says how payloads meet: ``summable`` payloads (the same indices on
-every rank) are all-reduced, the rest are all-gathered and decoded rank by rank. ``as_hook``
-turns any compressor into a DDP communication hook, and :class:`ErrorFeedback` wraps any
-compressor with a per-parameter memory of what it failed to send (Seide et al. 2014;
-Karimireddy et al. 2019), so every compressor can be compared with and without it. That
-memory lives in the hook state (:class:`CompressorState`), as PyTorch's ``PowerSGDState``
-keeps its error dict: compressor objects stay stateless, so one object can serve many runs.
+every rank) are all-reduced, the rest are all-gathered and decoded rank by rank.
+:func:`compressor_hook`, with the state :func:`make_state` builds, runs any compressor as a DDP
+communication hook, and :class:`ErrorFeedback` wraps any compressor with a per-parameter memory
+of what it failed to send (Seide et al. 2014; Karimireddy et al. 2019), so every compressor can
+be compared with and without it. That memory lives in the hook state (:class:`CompressorState`),
+as PyTorch's ``PowerSGDState`` keeps its error dict: compressor objects stay stateless, so one
+object can serve many runs.
 
 Device-agnostic: every tensor a compressor makes (random draws included) lives on the
 gradient's device, so the same code runs on gloo/CPU and NCCL/GPU.

@@ -5,7 +5,7 @@ dropdowns and starting values, the CLI's and ``compare``'s specs, ``ExperimentCo
 the Accelerate and FSDP2 paths, the network model's byte rules and overlap, and the notes a run
 carries. The records themselves live one family per file, as PyTorch's ``ddp_comm_hooks/``:
 :mod:`.default` (PyTorch's default and debugging hooks, the wrappers), :mod:`.powersgd`,
-:mod:`.zoo` (the lab's compressors and 16-bit ring hooks). Names follow Accelerate's
+:mod:`.compressor_entries` (the lab's compressors and 16-bit ring hooks). Names follow Accelerate's
 ``DDPCommunicationHookType`` values (``no``, ``fp16``, ``bf16``, ``power_sgd``, ``batched_power_sgd``)
 plus ``allreduce`` and ``noop``; compressor families (``topk``, ``sign``, ...) take their parameter
 and ``error_feedback`` as state options. To add your own, one record is all it takes::

@@ -28,7 +28,7 @@ from .collective_log import left_out
 from .environment import child_environment, patched_environ
 from .errors import OtherRankFailed, RankFailure, WorkerError, WorkerTimeoutError, explain_death
 from .limits import process_limit_cause, thread_refused_cause
-from .link import Link
+from .link_spec import Link
 from .oom import killed_for_memory, oom_kills
 from .options import DEFAULT_TIMEOUT_S, check_common_options, check_environment, check_launch_options, check_link
 from .rank_logs import RankLog, stderr_into

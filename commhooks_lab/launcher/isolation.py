@@ -3,7 +3,7 @@
 gloo's ranks listen on TCP ports for each other. On the machine's own loopback every local account can connect
 to them: one that sends gloo's 8-byte pair handshake first takes a rank's place in its pair (the run times out),
 and one that connects a thousand times fills a rank's file descriptors (gloo keeps every unmatched socket), so it
-aborts. Ranks forked by a rank server that hosts the lab's private network (:mod:`.private_network`) share that
+aborts. Ranks forked by a rank server that hosts the lab's private network (:mod:`.netns_switch`) share that
 server's own network namespace instead: its loopback is theirs alone, and no other account can enter it.
 
 Stdlib only (the package decides this before torch loads, when it starts its rank server).
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from . import notes, private_network
+from . import netns_switch, notes
 
 __all__ = ["isolates", "shared_loopback_note", "VARIABLE", "why_not_isolated"]
 
@@ -41,12 +41,12 @@ def why_not_isolated(backend: str, start_method: str) -> str | None:
         return f"start_method={start_method!r} starts the ranks outside the lab's rank server and its network"
     if backend != "gloo":
         return f"backend={backend!r}: only gloo's ranks are put in the private network (it is tested on CPU only)"
-    return private_network.why_unavailable()
+    return netns_switch.why_unavailable()
 
 
 def shared_loopback_note() -> str:
     """What a machine that refuses the private network means for a learner, why, and the way out: one paragraph."""
-    facts = private_network.facts()
+    facts = netns_switch.facts()
     return (
         "the ranks talk over this machine's loopback, where any account on it can reach them (harmless on a "
         "machine only you use), and no rate-limited link can be built: `lab.studies.links` shows runs recorded on "
@@ -63,7 +63,7 @@ def isolates(backend: str, start_method: str) -> bool:
     if why is None:
         return True
     if wanted() == "on":
-        raise private_network.NetworkUnavailableError(f"{VARIABLE}=1, but the ranks get no private network: {why}")
-    if why == private_network.why_unavailable():  # the machine's refusal, not a choice
+        raise netns_switch.NetworkUnavailableError(f"{VARIABLE}=1, but the ranks get no private network: {why}")
+    if why == netns_switch.why_unavailable():  # the machine's refusal, not a choice
         notes.say_once("user_namespaces", shared_loopback_note(), stacklevel=3)
     return False

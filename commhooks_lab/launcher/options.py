@@ -113,8 +113,8 @@ def check_launch_options(world_size, backend, timeout_s, start_method) -> str:
 def check_link(link, start_method: str, backend: str):
     """The :class:`~.link.Link` the ranks sit behind (None: the machine's loopback), refused here, before any
     process starts, if the spec is wrong or this machine cannot give ranks a private network."""
-    from .link import as_link
-    from .private_network import WITHOUT_A_LINK, NetworkUnavailableError, why_unavailable
+    from .link_spec import as_link
+    from .netns_switch import WITHOUT_A_LINK, NetworkUnavailableError, why_unavailable
 
     parsed = as_link(link)
     if parsed is None:

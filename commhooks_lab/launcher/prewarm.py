@@ -19,7 +19,7 @@ from . import rank_server
 __all__ = ["start"]
 
 #: What a run's ranks import: the rank server loads it once.
-RANK_MODULES = ("numpy", "commhooks_lab.engine.jobs")
+RANK_MODULES = ("numpy", "commhooks_lab.engine.dispatch")
 #: What a run imports in the notebook's own process (torch, pandas and the engine come with it).
 KERNEL_MODULES = ("commhooks_lab.experiment",)
 #: At exit, wait this long for the background imports (a daemon thread stopped inside an import can crash).

@@ -194,7 +194,7 @@ def worker_main(
     channel = Channel(conn, rank)
     try:
         if link is not None:
-            from .private_network import join
+            from .netns_switch import join
 
             os.environ["GLOO_SOCKET_IFNAME"] = join(link)  # gloo's only way out of this rank's namespace
         import cloudpickle
@@ -249,7 +249,7 @@ def worker_main(
     if dist.is_initialized():  # a task (a %%ddp cell) may have destroyed it already: that is reported there
         dist.destroy_process_group()
     if link is not None:
-        from .private_network import leave
+        from .netns_switch import leave
 
         leave()
     conn.close()

@@ -31,7 +31,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from .environment import PREWARM_VARIABLE, child_environment, import_time_part, patched_environ
-from .private_network import HOST_VARIABLE
+from .netns_switch import HOST_VARIABLE
 from .rank_logs import RankLog, stderr_into
 
 __all__ = [
@@ -70,7 +70,7 @@ _lock = threading.Lock()
 _preload: list[str] = list(PRELOAD)
 _servers: dict[tuple, RankServer] = {}
 #: The module a server that hosts the private network imports first (it enters the namespaces).
-NETWORK_HOST = "commhooks_lab.launcher.network_host"
+NETWORK_HOST = "commhooks_lab.launcher.netns_preload"
 _owner = os.getpid()
 _launching = threading.local()
 _util: Any = multiprocessing.util  # private helpers typeshed does not list
@@ -85,7 +85,7 @@ class RankServer(forkserver.ForkServer):
     """One forkserver with a fixed environment, its stderr in a file the Cluster forwards after each run.
 
     ``hosts_network``: the server enters the ranks' private network before it imports anything else
-    (:mod:`.network_host`), so the ranks it forks can each get a link of their own (:mod:`.private_network`).
+    (:mod:`.netns_preload`), so the ranks it forks can each get a link of their own (:mod:`.netns_switch`).
     """
 
     def __init__(self, env: dict[str, str], hosts_network: bool = False):

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..engine.job import quiet_dynamo
+from ..engine.ddp_job import quiet_dynamo
 from ..hooks import registry
 from ..hooks.choice import HookChoice, as_choice, build_hook
 

@@ -1,6 +1,6 @@
 """When does compression pay off *in time*? Measured on real rate-limited links, and the model held against it.
 
-Every rank sits behind a link of its own (:mod:`commhooks_lab.launcher.link`). Three measurements, each on
+Every rank sits behind a link of its own (:mod:`commhooks_lab.launcher.link_spec`). Three measurements, each on
 the ranks themselves:
 
 - :func:`measure_link`: what the link does: the wire rate htb holds, the payload rate TCP gets from it, and
@@ -30,8 +30,8 @@ import pandas as pd
 
 from ..engine.config import ExperimentConfig
 from ..experiment import compare
-from ..launcher import Cluster, private_network
-from ..launcher.link import as_link, payload_share
+from ..launcher import Cluster, netns_switch
+from ..launcher.link_spec import as_link, payload_share
 from ..result import Result, ResultSet, _frame_from_json, _frame_to_json, from_json
 from . import network, recorded
 
@@ -76,7 +76,7 @@ def _link_job(ctx, floats: int, small_repeats: int, transfers: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from ..launcher.private_network import qdisc_bytes
+    from ..launcher.netns_switch import qdisc_bytes
 
     tiny = torch.ones(1)
     for _ in range(3):
@@ -260,7 +260,7 @@ def time_hooks(
         as_link(link)  # a wrong spec is refused as such, wherever it runs
     arguments = dict(hooks=hooks, links=links, model=model, world_size=world_size, steps=steps, repeats=repeats,
                      steps_for=steps_for, transfers=transfers, seconds=seconds)  # fmt: skip
-    if private_network.why_unavailable() is not None:
+    if netns_switch.why_unavailable() is not None:
         return LinkTimes.from_json(recorded.replay("time_hooks", arguments, f"links={tuple(links)}"))
     rows: list[dict] = []
     traffics: dict[str, dict] = {}
@@ -413,7 +413,7 @@ def race(hooks: Sequence[str], link: str, seeds: Sequence[int] = (0,), **setting
     runs :func:`time_to_accuracy` reads. Where this machine cannot build links, as :func:`time_hooks`."""
     as_link(link)
     arguments = dict(hooks=list(hooks), link=link, seeds=list(seeds), **settings)
-    if private_network.why_unavailable() is not None:
+    if netns_switch.why_unavailable() is not None:
         runs = recorded.replay("race", arguments, f"link={link!r}")
         return ResultSet(from_json(run, recorded.DIRECTORY) for run in runs)
     raced = ResultSet(r for seed in seeds for r in compare(list(hooks), link=link, seed=seed, **settings))

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..launcher import notes, private_network
+from ..launcher import netns_switch, notes
 
 __all__ = ["code_digest", "DIRECTORY", "keep", "link_sections", "links_report", "replay", "VARIABLE"]
 
@@ -76,7 +76,7 @@ def replay(study: str, arguments: Mapping[str, Any], asked: str) -> Any:
     """The recorded run of this call, said to be one (a machine note); refused if nobody recorded it.
 
     ``asked``: what the call needs, as the note and the refusal name it (``link='10mbit'``)."""
-    why = private_network.why_unavailable()
+    why = netns_switch.why_unavailable()
     wanted = _plain(arguments)
     for recording in _recordings():
         for run in recording["runs"]:
@@ -84,15 +84,15 @@ def replay(study: str, arguments: Mapping[str, Any], asked: str) -> Any:
                 machine = run["recorded_on"]
                 notes.say(
                     "recorded_links",
-                    f"{asked} cannot be built here: {private_network.facts()['refused']}. What follows was measured "
+                    f"{asked} cannot be built here: {netns_switch.facts()['refused']}. What follows was measured "
                     f"on a machine that could ({machine['cpu']}, torch {machine['torch']}, {machine['date']}), not "
                     "on this one.",
                     stacklevel=3,
                 )
                 return run["data"]
-    raise private_network.NetworkUnavailableError(
+    raise netns_switch.NetworkUnavailableError(
         f"{asked} cannot be built on this machine: {why}; and no run of this call was recorded on one that could "
-        f"({DIRECTORY} keeps the lessons' own); {private_network.WITHOUT_A_LINK}"
+        f"({DIRECTORY} keeps the lessons' own); {netns_switch.WITHOUT_A_LINK}"
     )
 
 
@@ -133,7 +133,7 @@ COMMON_WAYS_OUT = (
 def links_report() -> dict | None:
     """What ``doctor`` says about links: None where this machine builds them; else ``seen`` (why not, and the
     sections that show recorded runs instead) and ``advice`` (this machine's way out, then the common ones)."""
-    facts = private_network.facts()
+    facts = netns_switch.facts()
     if facts["refused"] is None:
         return None
     sections = "; ".join(link_sections())

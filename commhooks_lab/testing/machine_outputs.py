@@ -51,7 +51,7 @@ def machine_facts() -> dict:
     """This machine's values of :data:`FACTS` (torch's build is read, the namespace is tried by a child)."""
     import torch
 
-    from ..launcher.private_network import why_unavailable
+    from ..launcher.netns_switch import why_unavailable
 
     return {
         "torch_build": "cuda" if torch.version.cuda else "cpu",

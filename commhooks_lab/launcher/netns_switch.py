@@ -13,7 +13,7 @@ pyroute2 (netlink from Python) could replace them; it is not needed where iprout
 every Debian and Ubuntu. Added latency needs ``netem``, which some kernels lack (this kind of machine's
 does): :func:`facts` says which, and a run's notes say when a delay asked for was not added.
 
-Stdlib only, no relative imports at module level: ``python private_network.py`` is the availability
+Stdlib only, no relative imports at module level: ``python netns_switch.py`` is the availability
 probe (run in a child, because entering a user namespace needs a process with one thread).
 """
 
@@ -46,7 +46,7 @@ CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 BRIDGE = "labswitch"
 #: The rank's one network card, in its own namespace.
 IFACE = "eth0"
-#: Set in the environment of a rank server that hosts the network (read by :mod:`.network_host`).
+#: Set in the environment of a rank server that hosts the network (read by :mod:`.netns_preload`).
 HOST_VARIABLE = "COMMHOOKS_LAB_NETWORK_HOST"
 #: What a run can do where no link can be built: said after the cause and the way out.
 WITHOUT_A_LINK = "without link=, the ranks run on this machine's loopback, where bytes cost almost nothing"

@@ -6,17 +6,17 @@ from collections.abc import Callable
 
 from ..hooks.choice import HookChoice
 from .config import ExperimentConfig
+from .ddp_job import ddp_job
 from .fsdp2 import fsdp2_job
-from .job import run_experiment
 
-__all__ = ["job_for", "run_experiments"]
+__all__ = ["job_for", "run_configs"]
 
 
 def job_for(config: ExperimentConfig) -> Callable[..., dict]:
     """``job(ctx, config, choice) -> the rank's report``, the same call shape for every api."""
-    return fsdp2_job if config.api == "fsdp2" else run_experiment
+    return fsdp2_job if config.api == "fsdp2" else ddp_job
 
 
-def run_experiments(ctx, configs: list[ExperimentConfig], choices: list[HookChoice]) -> list[dict]:
+def run_configs(ctx, configs: list[ExperimentConfig], choices: list[HookChoice]) -> list[dict]:
     """Several experiments in one process group (under torchrun, where re-joining is costly)."""
     return [job_for(config)(ctx, config, choice) for config, choice in zip(configs, choices)]

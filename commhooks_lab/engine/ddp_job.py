@@ -19,7 +19,7 @@ from .config import ExperimentConfig
 from .ddp_setup import setup_torch_ddp
 from .models import build_task
 
-__all__ = ["accuracy", "param_digest", "quiet_dynamo", "run_environment", "run_experiment"]
+__all__ = ["accuracy", "param_digest", "quiet_dynamo", "run_environment", "ddp_job"]
 
 
 def param_digest(model: torch.nn.Module) -> str:
@@ -45,7 +45,7 @@ def quiet_dynamo():
     return quiet_logger("torch._dynamo")
 
 
-def run_experiment(ctx, config: ExperimentConfig, choice: HookChoice | None = None) -> dict:
+def ddp_job(ctx, config: ExperimentConfig, choice: HookChoice | None = None) -> dict:
     """The worker function: train ``config.steps`` steps and measure each one.
 
     ``choice`` is what ``config.check()`` returned in the notebook; it carries the registry

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from . import private_network
+from . import netns_switch
 
-if os.environ.pop(private_network.HOST_VARIABLE, None) == "1":
-    private_network.host()
+if os.environ.pop(netns_switch.HOST_VARIABLE, None) == "1":
+    netns_switch.host()

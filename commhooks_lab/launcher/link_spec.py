@@ -3,7 +3,7 @@
 Each rank the lab starts behind a link sits on a link of its own into a shared switch, like a node with one
 network card: the rate holds in each direction (what the rank sends, and what it receives), so a ring all-reduce
 takes ``2(W-1)/W x bytes / rate`` on every rank at once, the alpha-beta model's assumption
-(:mod:`commhooks_lab.studies.network`). :mod:`.private_network` builds it; this module only reads and checks
+(:mod:`commhooks_lab.studies.network`). :mod:`.netns_switch` builds it; this module only reads and checks
 the spec, in tc's own units (``kbit``, ``mbit``, ``gbit``: bits per second, powers of 1000).
 Stdlib only: the rank server imports it before torch.
 """
@@ -145,7 +145,7 @@ def link_notes(link: Link | None) -> list[str]:
     """What a result behind ``link`` should say about its network: the link, and any latency not added."""
     if link is None:
         return []
-    from .private_network import facts
+    from .netns_switch import facts
 
     notes = [f"link: {link.describe()}"]
     if facts()["netem"]:

@@ -1,4 +1,4 @@
-"""The lab's compressor zoo (:mod:`.compressors`) as registry records: one family per compressor.
+"""The lab's compressors (:mod:`.compressors`) as registry records: one family per compressor.
 
 Compressor families take their parameter and ``error_feedback`` as state options; their byte
 rules follow each compressor's payload (values and indices all-gathered, or values all-reduced).
