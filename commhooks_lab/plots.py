@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
@@ -19,18 +18,12 @@ __all__ = [
     "accuracy_over_time",
     "bytes_by_model",
     "bytes_by_world_size",
-    "convergence",
     "convergence_seeds",
-    "cumulative_error",
     "error_feedback",
-    "error_per_step",
     "gradient_agreement",
-    "layer_heatmap",
     "link_times",
-    "loss_curves",
     "network_time",
     "overview",
-    "precision_histogram",
     "resumed",
     "singular_values",
     "takeaway",
@@ -42,8 +35,6 @@ __all__ = [
 if TYPE_CHECKING:
     import pandas as pd
 
-FP16_UNIT_ROUNDOFF = 2.0**-11
-BF16_UNIT_ROUNDOFF = 2.0**-8
 #: Below this, an error is zero to float64's eye; log axes draw it on this floor.
 FLOOR = 1e-17
 
@@ -55,49 +46,6 @@ def _list(results) -> list[Result]:
 def _positive(values) -> np.ndarray:
     """Values for a log axis: exact zeros drawn on the floor instead of vanishing."""
     return np.maximum(np.asarray(values, dtype=float), FLOOR)
-
-
-def _draw_per_step(ax, results: list[Result], values, ylabel: str, title: str, compressed_only: bool = False) -> None:
-    """One line per hook of ``values(steps)`` against step, on a log axis (optionally only where it compressed)."""
-    for r in results:
-        steps = r.compressed_steps() if compressed_only else r.steps
-        ax.plot(steps["step"], _positive(values(steps)), marker=".", label=r.name)
-    ax.set(yscale="log", xlabel="step", ylabel=ylabel, title=title)
-    ax.legend(fontsize="small")
-
-
-def error_per_step(results: Iterable[Result] | Result) -> Figure:
-    """rel_error and 1 - cosine per step, one line per hook, on log axes."""
-    results = _list(results)
-    fig, (ax_err, ax_cos) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
-    _draw_per_step(
-        ax_err,
-        results,
-        lambda s: s["rel_error"],
-        "rel_error = ||h - exact|| / ||exact||",
-        "How far the hook's gradient is from the exact mean",
-    )
-    _draw_per_step(ax_cos, results, lambda s: 1 - s["cosine"], "1 - cosine(h, exact)", "Direction error")
-    return fit_titles(fig)
-
-
-def layer_heatmap(result: Result, metric: str = "rel_error") -> Figure:
-    """Per-layer ``metric`` over steps: which layers the hook hurts, and when."""
-    table = result.layers.pivot(index="layer", columns="step", values=metric)
-    table = table.loc[[n for n in dict.fromkeys(result.layers["layer"])]]  # model order
-    fig, ax = plt.subplots(figsize=(10, 0.45 * len(table) + 1.8), constrained_layout=True)
-    values = _positive(table.to_numpy())
-    image = ax.imshow(
-        values,
-        aspect="auto",
-        cmap="viridis",
-        norm=matplotlib.colors.LogNorm(vmin=max(values.min(), FLOOR), vmax=max(values.max(), 2 * FLOOR)),
-    )
-    ax.set_yticks(range(len(table)), table.index)
-    ax.set_xticks(range(len(table.columns)), table.columns)
-    ax.set(xlabel="step", title=f"{result.name}: {metric} per layer")
-    fig.colorbar(image, ax=ax, label=f"{metric} (log scale)")
-    return fit_titles(fig)
 
 
 def gradient_agreement(result: Result) -> Figure:
@@ -227,51 +175,6 @@ def takeaway(results: list[Result]) -> str:
     )
 
 
-def loss_curves(results: Iterable[Result], baseline: str | None = "allreduce") -> Figure:
-    """Training loss per step; the exact (``baseline``) run dashed, for reference."""
-    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
-    for r in _list(results):
-        style: dict[str, Any] = {"linestyle": "--", "color": "black"} if r.name == baseline else {}
-        ax.plot(r.steps["step"], r.steps["loss"], label=r.name, **style)
-    ax.set(xlabel="step", ylabel="training loss (mean over ranks)", title="Does compression change training?")
-    ax.legend(fontsize="small")
-    return fit_titles(fig)
-
-
-def precision_histogram(results: Iterable[Result]) -> Figure:
-    """Element-wise |h - exact| / |exact| of one layer, with fp16's and bf16's unit roundoff marked.
-
-    The bins span the decades the errors fill, not a fixed range; elements the hook got exactly right have no
-    place on a log axis, so the legend counts them instead.
-    """
-    fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
-    errors = []
-    for r in _list(results):
-        if r.sample:
-            exact, hook = np.asarray(r.sample["exact"]), np.asarray(r.sample["hook"])
-            keep = exact != 0
-            errors.append((f"{r.name} ({r.sample['layer']}", np.abs(hook[keep] - exact[keep]) / np.abs(exact[keep])))
-    nonzero = np.concatenate([rel[rel > 0] for _, rel in errors] or [np.array([BF16_UNIT_ROUNDOFF])])
-    low = min(np.floor(np.log10(nonzero.min())), np.floor(np.log10(FP16_UNIT_ROUNDOFF)))
-    high = max(np.ceil(np.log10(nonzero.max())), 0.0)
-    bins = np.logspace(low, high, int(high - low) * 5 + 1)
-    for name, rel in errors:
-        label = f"{name}; {int((rel == 0).sum())} of {rel.size} exact)"
-        ax.hist(rel[rel > 0], bins=list(bins), histtype="step", linewidth=1.5, label=label)
-    marks = ((FP16_UNIT_ROUNDOFF, "fp16 unit roundoff 2^-11"), (BF16_UNIT_ROUNDOFF, "bf16 unit roundoff 2^-8"))
-    for value, text in marks:
-        ax.axvline(value, color="gray", linestyle=":")
-        ax.text(value, 0.97, " " + text, rotation=90, va="top", fontsize="small", transform=ax.get_xaxis_transform())
-    ax.set(
-        xscale="log",
-        xlabel="element-wise relative error |h - exact| / |exact| (exact elements: in the legend)",
-        ylabel="elements",
-        title="Rounding error per element",
-    )
-    ax.legend(fontsize="small", loc="upper left")
-    return fit_titles(fig)
-
-
 def singular_values(result: Result, matrix_ranks: Sequence[int] = (1, 2, 4)) -> Figure:
     """Singular values of one layer's exact gradient; a matrix-rank-r cut keeps the energy left of r."""
     sample = result.sample
@@ -315,20 +218,6 @@ def singular_values(result: Result, matrix_ranks: Sequence[int] = (1, 2, 4)) -> 
     return fit_titles(fig)
 
 
-def cumulative_error(results: Iterable[Result]) -> Figure:
-    """||Σ h_t - Σ exact_t|| / ||Σ exact_t||: what error feedback buys over many steps."""
-    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
-    _draw_per_step(
-        ax,
-        _list(results),
-        lambda s: s["cumulative_rel_error"],
-        "cumulative_rel_error",
-        "Error of the summed gradient, steps that compressed",
-        compressed_only=True,
-    )
-    return fit_titles(fig)
-
-
 def error_feedback(results: Iterable[Result], title: str | None = None) -> Figure:
     """Per-step rel_error beside cumulative_rel_error, on linear axes from 0: what error feedback trades."""
     results = _list(results)
@@ -360,21 +249,6 @@ def overview(results: Iterable[Result]) -> Figure:
     ax_err.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0.0, -0.13), ncols=3)
     _draw_tradeoff(ax_trade, results, colors)
     fig.suptitle(takeaway(results))
-    return fit_titles(fig)
-
-
-def convergence(results: Iterable[Result], baseline: str | None = "allreduce") -> Figure:
-    """Loss and test accuracy per step, same seeds: does the hook still train?"""
-    results = _list(results)
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.5), constrained_layout=True)
-    for r in results:
-        style: dict[str, Any] = {"linestyle": "--", "color": "black"} if r.name == baseline else {}
-        ax_loss.plot(r.steps["step"], r.steps["loss"], label=r.name, **style)
-        evals = r.steps.dropna(subset=["accuracy"])
-        ax_acc.plot(evals["step"], evals["accuracy"], marker=".", label=r.name, **style)
-    ax_loss.set(yscale="log", xlabel="step", ylabel="training loss (mean over ranks)", title="Loss")
-    ax_acc.set(xlabel="step", ylabel="test accuracy", title="Accuracy on held-out digits", ylim=(0, 1))
-    ax_acc.legend(fontsize="small", ncols=2)
     return fit_titles(fig)
 
 
