@@ -44,7 +44,7 @@ def test_the_timeline_exercise_on_its_three_paths(timeline, capsys):
 
     def without_hook_calls(buckets):  # plausible and wrong: autograd computes all the way to the last ready
         end = max(r for r, _, _ in buckets)
-        merged = exercise._union([(r, d) for r, _, d in buckets])
+        merged = overlap.merged_intervals([(r, d) for r, _, d in buckets])
         return sum(max(0.0, min(b, end) - a) for a, b in merged) / sum(b - a for a, b in merged)
 
     def without_merging(buckets):  # plausible and wrong: adds overlapping intervals twice
@@ -58,24 +58,24 @@ def test_the_timeline_exercise_on_its_three_paths(timeline, capsys):
 
 
 def counted_twice(buckets):  # every bucket's own overlap with compute, overlapping buckets added twice
-    computing = exercise._computing(buckets)
-    hidden = sum(exercise._overlap([(r, d)], computing) for r, _, d in buckets)
+    computing = overlap.computing_spans(buckets)
+    hidden = sum(overlap.overlap_length([(r, d)], computing) for r, _, d in buckets)
     return hidden / sum(d - r for r, _, d in buckets)
 
 
 def hook_calls_as_compute(buckets):
-    comm = exercise._union([(r, d) for r, _, d in buckets])
-    return exercise._overlap(comm, [(0.0, max(r for r, _, _ in buckets))]) / exercise._length(comm)
+    comm = overlap.merged_intervals([(r, d) for r, _, d in buckets])
+    return overlap.overlap_length(comm, [(0.0, max(r for r, _, _ in buckets))]) / overlap.total_length(comm)
 
 
 def after_the_last_gradient(buckets):
-    comm = exercise._union([(r, d) for r, _, d in buckets])
-    return exercise._overlap(comm, [(0.0, max(d for _, _, d in buckets))]) / exercise._length(comm)
+    comm = overlap.merged_intervals([(r, d) for r, _, d in buckets])
+    return overlap.overlap_length(comm, [(0.0, max(d for _, _, d in buckets))]) / overlap.total_length(comm)
 
 
 def by_backward_time(buckets):
-    comm = exercise._union([(r, d) for r, _, d in buckets])
-    return exercise._overlap(comm, exercise._computing(buckets)) / max(d for _, _, d in buckets)
+    comm = overlap.merged_intervals([(r, d) for r, _, d in buckets])
+    return overlap.overlap_length(comm, overlap.computing_spans(buckets)) / max(d for _, _, d in buckets)
 
 
 HAND_MADE = {tuple(b): hidden_share(b) for b in exercise.CASES.values()}

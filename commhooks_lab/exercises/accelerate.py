@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import Outcome, _choice_problem, check_function, check_prediction, reference
+from .checking import Outcome, check_function, check_prediction, choice_problem, reference
 
 __all__ = [
     "check_fp16_wrapper_prediction",
@@ -163,5 +163,5 @@ def check_fp16_wrapper_prediction(prediction: Any, plain: Any, wrapped: Any, fir
         "Rounding to float16 costs about its unit roundoff, 2^-11 ≈ 4.9e-4, per number (more for subnormals and "
         "after float16 arithmetic); PowerSGD's per-step error at matrix rank 1 is close to 1, so PowerSGD decides.",
         slips=slips,
-        malformed=lambda attempt: _choice_problem(attempt, CHOICES),
+        malformed=lambda attempt: choice_problem(attempt, CHOICES),
     )

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import Outcome, _whole_number_problem, check_function, check_prediction, reference
+from .checking import Outcome, check_function, check_prediction, reference, whole_number_problem
 
 __all__ = ["CASES", "check_first_step_buckets", "check_fp16_divide_after", "fp16_divide_after", "run_hooks_on_cases"]
 
@@ -67,7 +67,7 @@ def check_first_step_buckets(prediction: Any, seen: list[dict]) -> Outcome:
         "find_unused_parameters=True), records the order in which gradients arrive, and rebuilds the buckets "
         "once, in that order, within bucket_cap_mb.",
         slips=[(value, hint) for value, hint in slips if value != answer],
-        malformed=lambda attempt: _whole_number_problem(attempt, "a number of buckets"),
+        malformed=lambda attempt: whole_number_problem(attempt, "a number of buckets"),
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import NOTHING_LATER, Outcome, check_function, reference
+from .checking import NOTHING_LATER, Outcome, check_function, reference
 
 __all__ = ["check_outer_step", "outer_step"]
 

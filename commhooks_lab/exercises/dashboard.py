@@ -8,7 +8,7 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
-from . import NOT_ATTEMPTED, RIGHT, WRONG, Outcome, _choice_problem, _say, check_prediction, reference
+from .checking import NOT_ATTEMPTED, RIGHT, WRONG, Outcome, check_prediction, choice_problem, reference, say
 
 __all__ = ["check_warm_start_prediction", "check_half_bytes_rank", "half_bytes_rank", "uncompressed_from"]
 
@@ -49,7 +49,7 @@ def check_warm_start_prediction(prediction: Any, both_on, without_warm_start) ->
         hint,
         f"In this run cumulative_rel_error ended at {mine:.3f} without warm start and {kept:.3f} with both switches "
         "on. Error feedback still re-sends what each step misses, whatever Q the power iteration started from.",
-        malformed=lambda attempt: _choice_problem(attempt, ("higher", "lower")),
+        malformed=lambda attempt: choice_problem(attempt, ("higher", "lower")),
     )
 
 
@@ -124,7 +124,7 @@ def check_half_bytes_rank(answer: Any, cluster=None, model: str = "mlp") -> Outc
     shapes = parameter_shapes(build_task(model, 0).model)
     reference_answer = half_bytes_rank(shapes)
     if answer is None:
-        return _say(
+        return say(
             Outcome(
                 NOT_ATTEMPTED,
                 f"· {name}: not attempted yet. Find the matrix rank with the dashboard, write it in the cell above "
@@ -133,9 +133,7 @@ def check_half_bytes_rank(answer: Any, cluster=None, model: str = "mlp") -> Outc
             )
         )
     if isinstance(answer, bool) or not isinstance(answer, numbers.Integral) or int(answer) < 1:
-        return _say(
-            Outcome(WRONG, f"✗ {name}: a matrix rank is a whole number >= 1, got {answer!r}.", reference_answer)
-        )
+        return say(Outcome(WRONG, f"✗ {name}: a matrix rank is a whole number >= 1, got {answer!r}.", reference_answer))
     answer = int(answer)
     uncompressed = {shape: r for shape, r in uncompressed_from(shapes).items() if r is not None}
     share = _measured_share(answer, cluster, model)
@@ -144,7 +142,7 @@ def check_half_bytes_rank(answer: Any, cluster=None, model: str = "mlp") -> Outc
         where = (
             f"the {at[0]} matrix goes uncompressed from matrix rank {answer} on, but that is not enough: " if at else ""
         )
-        return _say(
+        return say(
             Outcome(
                 WRONG,
                 f"✗ {name}: not yet. At matrix rank {answer} PowerSGD sends {share:.1%} of fp32's bytes, less than "
@@ -165,7 +163,7 @@ def check_half_bytes_rank(answer: Any, cluster=None, model: str = "mlp") -> Outc
             if every
             else ""
         )
-        return _say(
+        return say(
             Outcome(
                 WRONG,
                 f"✗ {name}: not yet. {where}At matrix rank {answer} PowerSGD sends {share:.1%} of fp32's bytes, and "
@@ -174,7 +172,7 @@ def check_half_bytes_rank(answer: Any, cluster=None, model: str = "mlp") -> Outc
             )
         )
     switches = ", ".join(f"{shape} from r = {r}" for shape, r in uncompressed_from(shapes).items() if r is not None)
-    return _say(
+    return say(
         Outcome(
             RIGHT,
             f"✓ {name}: right. Matrix rank {answer - 1} sends {below:.1%} of fp32's bytes, {answer} sends "

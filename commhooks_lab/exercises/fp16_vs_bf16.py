@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from . import NOT_ATTEMPTED, RIGHT, WRONG, Outcome, _say, check_function, reference
+from .checking import NOT_ATTEMPTED, RIGHT, WRONG, Outcome, check_function, reference, say
 
 __all__ = ["check_simulate_compress", "check_within_one_percent", "simulate_compress", "survives"]
 
@@ -60,7 +60,7 @@ def check_within_one_percent(prediction: Any, entries: Sequence[float]) -> Outco
     """
     answer = {name: survives(entries, dtype) for name, dtype in FORMATS.items()}
     if prediction is None:
-        return _say(
+        return say(
             Outcome(
                 NOT_ATTEMPTED,
                 "· within_one_percent: no prediction made. Fill in my_prediction before looking at the casts, "
@@ -69,7 +69,7 @@ def check_within_one_percent(prediction: Any, entries: Sequence[float]) -> Outco
             )
         )
     if not isinstance(prediction, dict) or set(prediction) != set(FORMATS):
-        return _say(Outcome(WRONG, '✗ within_one_percent: give a dict with keys "float16" and "bfloat16".', answer))
+        return say(Outcome(WRONG, '✗ within_one_percent: give a dict with keys "float16" and "bfloat16".', answer))
     problems, mine = [], {}
     for name in FORMATS:
         try:
@@ -83,10 +83,10 @@ def check_within_one_percent(prediction: Any, entries: Sequence[float]) -> Outco
             odd = next(a for a in mine[name] if not (isinstance(a, bool) or type(a).__name__ == "bool_"))
             problems.append(f"{name}: answer True or False for each entry, not {odd!r}")
     if problems:
-        return _say(Outcome(WRONG, "✗ within_one_percent: " + "; ".join(problems) + ".", answer))
+        return say(Outcome(WRONG, "✗ within_one_percent: " + "; ".join(problems) + ".", answer))
     mine = {name: [bool(a) for a in values] for name, values in mine.items()}
     if mine == answer:
-        return _say(
+        return say(
             Outcome(
                 RIGHT,
                 "✓ within_one_percent: right. Relative precision is constant (u) between the smallest normal and "
@@ -119,7 +119,7 @@ def check_within_one_percent(prediction: Any, entries: Sequence[float]) -> Outco
                     f"{name} is not right for {', '.join(str(x) for x in wrong)}: "
                     + "; ".join(_regime_hint(x, name, dtype) for x in wrong)
                 )
-    return _say(Outcome(WRONG, "✗ within_one_percent: not yet. " + "; ".join(problems), answer))
+    return say(Outcome(WRONG, "✗ within_one_percent: not yet. " + "; ".join(problems), answer))
 
 
 # -- the compress hooks' arithmetic in one process --------------------------------------------------------

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..studies.overlap import _computing, _length, _overlap, _union, hidden_share
-from . import NOTHING_LATER, Outcome, check_function, reference
+from ..studies.overlap import computing_spans, hidden_share, merged_intervals, overlap_length, total_length
+from .checking import NOTHING_LATER, Outcome, check_function, reference
 
 __all__ = ["CASES", "check_hidden_share"]
 
@@ -28,24 +28,21 @@ CASES: dict[str, list[tuple[float, float, float]]] = {
 
 def _slips(buckets: Buckets) -> dict[str, float]:
     """What the usual wrong algorithms give, with the hint for each."""
-    comm = _union([(r, d) for r, _, d in buckets])
-    compute_end = max(r for r, _, _ in buckets)
-    plain = [(0.0, compute_end)]
+    comm = merged_intervals([(r, d) for r, _, d in buckets])
+    computing = computing_spans(buckets)
+    last_ready, last_done = max(r for r, _, _ in buckets), max(d for _, _, d in buckets)
     return {
         "buckets that communicate at the same time count once: merge the intervals before you add them up.": sum(
-            _overlap([(r, d)], _computing(buckets)) for r, _, d in buckets
+            overlap_length([(r, d)], computing) for r, _, d in buckets
         )
         / sum(d - r for r, _, d in buckets),
-        "while the backward thread is inside a hook call, autograd is not computing: cut those spans out.": _overlap(
-            comm, plain
-        )
-        / _length(comm),
-        "autograd computes only until the last bucket is ready; what is sent after that is exposed.": _overlap(
-            comm, [(0.0, max(d for _, _, d in buckets))]
-        )
-        / _length(comm),
-        "divide by the communication time, not by the backward time.": _overlap(comm, _computing(buckets))
-        / max(d for _, _, d in buckets),
+        "while the backward thread is inside a hook call, autograd is not computing: cut those spans out.": (
+            overlap_length(comm, [(0.0, last_ready)]) / total_length(comm)
+        ),
+        "autograd computes only until the last bucket is ready; what is sent after that is exposed.": (
+            overlap_length(comm, [(0.0, last_done)]) / total_length(comm)
+        ),
+        "divide by the communication time, not by the backward time.": overlap_length(comm, computing) / last_done,
     }
 
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from .. import _compat
 from ..hooks.contract import completed_future
-from . import Outcome, _choice_problem, check_function, check_prediction, reference
+from .checking import Outcome, check_function, check_prediction, choice_problem, reference
 
 __all__ = ["bytes_answer", "check_bytes_prediction", "check_compile_safe_hook", "compile_safe_mean_hook"]
 
@@ -135,5 +135,5 @@ def check_bytes_prediction(prediction: Any, with_state, without_state, resumed_a
         "A new PowerSGDState counts from iter 0 again, and PowerSGD sends plain float32 all-reduces until "
         "start_powerSGD_iter.",
         slips=slips,
-        malformed=lambda attempt: _choice_problem(attempt, ("more", "fewer", "same")),
+        malformed=lambda attempt: choice_problem(attempt, ("more", "fewer", "same")),
     )

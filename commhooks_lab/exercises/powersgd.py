@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import Outcome, _whole_number_problem, check_function, check_prediction, reference
+from .checking import Outcome, check_function, check_prediction, reference, whole_number_problem
 
 __all__ = ["best_rank_r_error", "check_best_rank_r_error", "check_smallest_matrix_rank", "smallest_exact_matrix_rank"]
 
@@ -168,7 +168,7 @@ def check_smallest_matrix_rank(prediction: Any, results: Sequence[Any]) -> Outco
     """
     swept = sorted(r.config["state_options"]["matrix_approximation_rank"] for r in results)
     answer = smallest_exact_matrix_rank(results)
-    problem = _whole_number_problem(prediction, "a matrix rank") if prediction is not None else None
+    problem = whole_number_problem(prediction, "a matrix rank") if prediction is not None else None
     if problem is None and prediction is not None and prediction not in swept:
         problem = f"not yet. Predict one of the matrix ranks the sweep ran, {swept}."
     count = (

@@ -5,7 +5,7 @@ plain bf16 all-reduce rounds differently and cannot pass)."""
 from typing import Any
 
 from ..hooks.low_precision import Wire16State, wire16_sum32_hook
-from . import Outcome, _choice_problem, check_function, check_prediction, reference, run_beside_reference
+from .checking import Outcome, check_function, check_prediction, choice_problem, reference, run_beside_reference
 
 __all__ = ["bf16_state", "check_growth_prediction", "check_wire16_hook", "growth_answer"]
 
@@ -56,7 +56,7 @@ def check_growth_prediction(prediction: Any, table) -> Outcome:
         answer,
         hint,
         "Every hop adds one more rounding of a partial sum; the bound grows like (W+1)u.",
-        malformed=lambda attempt: _choice_problem(attempt, ("grows", "flat")),
+        malformed=lambda attempt: choice_problem(attempt, ("grows", "flat")),
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import Outcome, _bool_problem, check_function, check_prediction, reference
+from .checking import Outcome, bool_problem, check_function, check_prediction, reference
 
 __all__ = ["check_bf16_over_fp16", "check_powersgd_above_one", "check_rel_error", "rel_error"]
 
@@ -97,7 +97,7 @@ def check_powersgd_above_one(prediction: Any, results, name: str = "power_sgd r1
         hint,
         f"Mean per-step rel_error {value:.2f}: each step also carries last step's leftovers, so h_t is far from "
         "this step's mean. What error feedback keeps small is the error of the sum over steps (below).",
-        malformed=_bool_problem,
+        malformed=bool_problem,
     )
 
 

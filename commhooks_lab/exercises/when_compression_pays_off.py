@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from . import Outcome, _choice_problem, check_function, check_prediction, reference
+from .checking import Outcome, check_function, check_prediction, choice_problem, reference
 
 __all__ = [
     "allreduce_seconds",
@@ -333,5 +333,5 @@ def check_crossing_prediction(prediction: Any, shapes: Sequence[tuple[int, ...]]
         general,
         f"top-k's (W-1) x 0.08 N bytes exceed fp16's 2(W-1)/W x 2 N from W = {crossing} on: the ratio is W/50.",
         slips=slips,
-        malformed=lambda attempt: _choice_problem(attempt, sorted(CROSSING_CHOICES)),
+        malformed=lambda attempt: choice_problem(attempt, sorted(CROSSING_CHOICES)),
     )

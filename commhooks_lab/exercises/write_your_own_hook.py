@@ -14,16 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..hooks.contract import completed_future
-from . import (
-    NOT_ATTEMPTED,
-    RIGHT,
-    WRONG,
-    Outcome,
-    _say,
-    check_function,
-    reference,
-    run_beside_reference,
-)
+from .checking import NOT_ATTEMPTED, RIGHT, WRONG, Outcome, check_function, reference, run_beside_reference, say
 
 __all__ = [
     "check_ef_prediction",
@@ -363,7 +354,7 @@ def check_ef_prediction(prediction: Any, with_ef, without_ef) -> Outcome:
     answer = _ef_answer(with_ef, without_ef)
     name = "ef_prediction"
     if prediction is None:
-        return _say(
+        return say(
             Outcome(
                 NOT_ATTEMPTED,
                 f"· {name}: no prediction made. Write one in the prediction cell, then compare it with the "
@@ -372,7 +363,7 @@ def check_ef_prediction(prediction: Any, with_ef, without_ef) -> Outcome:
             )
         )
     if not isinstance(prediction, dict) or set(prediction) != set(EF_METRICS):
-        return _say(
+        return say(
             Outcome(
                 WRONG,
                 f"✗ {name}: write the prediction as a dict with the keys {list(EF_METRICS)}, each "
@@ -383,14 +374,14 @@ def check_ef_prediction(prediction: Any, with_ef, without_ef) -> Outcome:
     bad = [m for m in EF_METRICS if prediction[m] not in HIGHER_OR_LOWER]
     if bad:
         got = prediction[bad[0]]
-        return _say(Outcome(WRONG, f"✗ {name}: {bad[0]} must be 'higher' or 'lower', got {got!r}.", answer))
+        return say(Outcome(WRONG, f"✗ {name}: {bad[0]} must be 'higher' or 'lower', got {got!r}.", answer))
     wrong = [m for m in EF_METRICS if prediction[m] != answer[m]]
     if len(wrong) == len(EF_METRICS):
         hints = " Then: ".join(_EF_HINTS[m] for m in EF_METRICS)
-        return _say(Outcome(WRONG, f"✗ {name}: not yet for both metrics. {hints}", answer))
+        return say(Outcome(WRONG, f"✗ {name}: not yet for both metrics. {hints}", answer))
     if wrong:
-        return _say(Outcome(WRONG, f"✗ {name}: not yet for {wrong[0]}. {_EF_HINTS[wrong[0]]}", answer))
-    return _say(
+        return say(Outcome(WRONG, f"✗ {name}: not yet for {wrong[0]}. {_EF_HINTS[wrong[0]]}", answer))
+    return say(
         Outcome(
             RIGHT,
             f"✓ {name}: right. Each step's h_t carries old residuals, so it is further from g_t; summed over steps "

@@ -21,7 +21,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["HOOKS", "bucket_timeline", "hidden_share", "overlap_summary", "plot_timeline"]
+__all__ = [
+    "HOOKS",
+    "bucket_timeline",
+    "computing_spans",
+    "hidden_share",
+    "merged_intervals",
+    "overlap_length",
+    "overlap_summary",
+    "plot_timeline",
+    "total_length",
+]
 
 #: The line-up: two hooks that return at once, one that blocks inside, and a hook under the lab's probe.
 HOOKS = ("allreduce", "fp16", "topk", "allreduce (lab probe)")
@@ -108,7 +118,9 @@ def bucket_timeline(
     return pd.DataFrame([row for rank_rows in rows for row in rank_rows])
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def merged_intervals(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``intervals`` sorted, those that touch or overlap merged into one: time counted once however many buckets
+    share it (notebook 12's exercise builds its slips' answers from these four helpers)."""
     merged: list[tuple[float, float]] = []
     for start, stop in sorted(intervals):
         if merged and start <= merged[-1][1]:
@@ -118,19 +130,22 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return merged
 
 
-def _length(intervals: list[tuple[float, float]]) -> float:
+def total_length(intervals: list[tuple[float, float]]) -> float:
+    """The summed length of disjoint intervals."""
     return sum(b - a for a, b in intervals)
 
 
-def _overlap(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
+def overlap_length(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> float:
     """Total length of the intersection of two unions of disjoint intervals."""
     return sum(max(0.0, min(b, d) - max(a, c)) for a, b in xs for c, d in ys)
 
 
-def _computing(buckets: Sequence[tuple[float, float, float]]) -> list[tuple[float, float]]:
+def computing_spans(buckets: Sequence[tuple[float, float, float]]) -> list[tuple[float, float]]:
     """When autograd computes: from 0 to the last bucket's ready time, except inside hook calls."""
     compute_end = max(ready for ready, _, _ in buckets)
-    in_hooks = _union([(ready, min(returned, compute_end)) for ready, returned, _ in buckets if ready < compute_end])
+    in_hooks = merged_intervals(
+        [(ready, min(returned, compute_end)) for ready, returned, _ in buckets if ready < compute_end]
+    )
     computing, at = [], 0.0
     for a, b in in_hooks:
         computing.append((at, a))
@@ -146,20 +161,20 @@ def hidden_share(buckets: Sequence[tuple[float, float, float]]) -> float:
     that communicate at the same time count once. Autograd computes from 0 until the last bucket
     is ready, except while the backward thread is inside a hook call (``ready`` to ``returned``).
     """
-    comm = _union([(ready, done) for ready, _, done in buckets])
-    return _overlap(comm, _computing(buckets)) / _length(comm)
+    comm = merged_intervals([(ready, done) for ready, _, done in buckets])
+    return overlap_length(comm, computing_spans(buckets)) / total_length(comm)
 
 
 def _one_backward(rows) -> dict:
     buckets = list(zip(rows["ready"], rows["returned"], rows["done"]))
     end = float(rows["end"].iloc[0])
     inside = ((rows["returned"] - rows["ready"]) / (rows["done"] - rows["ready"])).median()
-    compute = _length(_computing(buckets))
+    compute = total_length(computing_spans(buckets))
     return {
         "buckets": len(rows),
         "backward_ms": 1e3 * end,
         "compute_ms": 1e3 * compute,
-        "comm_ms": 1e3 * _length(_union([(r, d) for r, _, d in buckets])),
+        "comm_ms": 1e3 * total_length(merged_intervals([(r, d) for r, _, d in buckets])),
         "hidden_share": hidden_share(buckets),
         "exposed_ms": 1e3 * (end - compute),
         "in_hook_share": float(inside),
