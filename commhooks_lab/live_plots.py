@@ -20,7 +20,7 @@ from matplotlib.colors import to_hex
 from .plots import FLOOR, takeaway, tradeoff_points
 from .result import Result
 
-__all__ = ["LiveFigures"]
+__all__ = ["LiveFigures", "close_widgets"]
 
 #: The notebooks' colours, in their order.
 COLORS: list[str] = [to_hex(c) for c in rcParams["axes.prop_cycle"].by_key()["color"]]
@@ -85,6 +85,32 @@ def symmetric_ticks(lim: float) -> np.ndarray:
     step = 10.0 ** np.floor(np.log10(lim))
     nice = next((m * step for m in (5, 4, 3, 2, 1, 0.5) if m * step <= 0.8 * lim), 0.5 * step)
     return np.asarray([-nice, -nice / 2, 0.0, nice / 2, nice])
+
+
+def _widgets_in(value: Any) -> list[w.Widget]:
+    if isinstance(value, w.Widget):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [x for item in value for x in _widgets_in(item)]
+    if isinstance(value, dict):  # a mark's scales
+        return [x for item in value.values() for x in _widgets_in(item)]
+    return []
+
+
+def close_widgets(*roots: w.Widget) -> None:
+    """Close ``roots`` and every widget they hold, however deep: a box's children, a figure's marks, axes and
+    scales, and each one's layout and style, which ipywidgets makes as widgets of their own. Closing only the
+    boxes' children left 85 of a dashboard's 118 widgets open in the kernel."""
+    seen: set[int] = set()
+    todo = list(roots)
+    while todo:
+        widget = todo.pop()
+        if id(widget) in seen:
+            continue
+        seen.add(id(widget))
+        for name in widget.keys:  # the synced traits: where a widget refers to others
+            todo.extend(_widgets_in(getattr(widget, name)))
+        widget.close()
 
 
 def color_of(index: int) -> str:
@@ -161,6 +187,10 @@ class LiveFigures:
             [w.VBox([self.spread], layout=w.Layout(**half)), w.VBox([self.agreement_figure], layout=w.Layout(**half))]
         )
         self._live: dict[str, list[float]] = {"step": [], "rel_error": [], "rank_spread": []}
+
+    def close(self) -> None:
+        """Close every widget the figures made (their marks, scales, axes, layouts and styles)."""
+        close_widgets(self.overview, self.agreement)
 
     # -- while a run trains --------------------------------------------------------------------------
     def start_run(self, name: str, earlier: list[Result]) -> None:

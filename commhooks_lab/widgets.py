@@ -22,7 +22,7 @@ from .experiment import run
 from .hooks import registry
 from .launcher import Cluster, session
 from .launcher.link_spec import as_link
-from .live_plots import LiveFigures
+from .live_plots import LiveFigures, close_widgets
 from .result import ResultSet
 from .studies.availability import available_hooks
 
@@ -51,12 +51,6 @@ def _unavailable_html() -> str:
         f"<li><code>{html.escape(r['name'])}</code>: {html.escape(r['note'])}</li>" for _, r in rows.iterrows()
     )
     return f"<details><summary>PyTorch hooks not offered here ({len(rows)})</summary><ul>{items}</ul></details>"
-
-
-def _close_tree(widget: w.Widget) -> None:
-    for child in getattr(widget, "children", ()):
-        _close_tree(child)
-    widget.close()
 
 
 class HookLab:
@@ -241,7 +235,8 @@ class HookLab:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
-        """Close every widget, and stop the ranks if they are the dashboard's own (``fresh=True``).
+        """Close every widget the dashboard made (the option controls of hooks not shown now and the live
+        figures' marks and scales too), and stop the ranks if they are the dashboard's own (``fresh=True``).
 
         Waits for the background try-out of PyTorch's other hooks (a child process), so that no
         process outlives the dashboard.
@@ -250,7 +245,8 @@ class HookLab:
             self.cluster.close()
         self.cluster = None
         self._tryout.join()
-        _close_tree(self.widget)
+        self.figures.close()
+        close_widgets(self.widget, *self.options.values())
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
