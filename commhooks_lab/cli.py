@@ -85,7 +85,7 @@ def _per_matrix_rank(config, entry, args: argparse.Namespace) -> list:
     if SWEPT not in entry.defaults():
         return [config]
     start = {} if args.start_iter is None else {"start_powerSGD_iter": args.start_iter}
-    options = {**entry.short_run(), **start, **config.state_options}
+    options = entry.short_run_options({**start, **config.state_options})
     given = options.pop(SWEPT, None)
     ranks = args.matrix_rank if given is None else [given]
     return [config.replace(state_options={SWEPT: r, **options}) for r in ranks]

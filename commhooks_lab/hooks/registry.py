@@ -85,7 +85,7 @@ class HookEntry:
         return {**self.defaults(), **options}
 
     def short_run_options(self, options: dict) -> dict:
-        """``options`` over the lab's short-run defaults: what the CLI, dashboard and matrices run."""
+        """``options`` over the lab's short-run defaults: what the CLI's sweep and the compile matrix run."""
         return {**self.short_run(), **options}
 
 
