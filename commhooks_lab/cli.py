@@ -68,17 +68,27 @@ def comparison_configs(args: argparse.Namespace):
         if entry is None:
             configs.append(config)
             continue
-        options = config.state_options
         if entry.kind == registry.COMPRESSOR:
             configs.append(config.replace(wrapper="no"))
-        elif entry.power_sgd:
-            options = {"start_powerSGD_iter": args.start_iter, **options}
-            given = options.pop("matrix_approximation_rank", None)
-            ranks = args.matrix_rank if given is None else [given]
-            configs += [config.replace(state_options={"matrix_approximation_rank": r, **options}) for r in ranks]
         else:
-            configs.append(config)
+            configs += _per_matrix_rank(config, entry, args)
     return configs
+
+
+#: The option ``--matrix-rank`` sweeps: a hook that takes it (PowerSGD's) runs once per value unless its spec sets it.
+SWEPT = "matrix_approximation_rank"
+
+
+def _per_matrix_rank(config, entry, args: argparse.Namespace) -> list:
+    """``config`` once per ``--matrix-rank`` if its hook takes a matrix rank, from ``--start-iter`` if given,
+    else from the record's short-run start (the lab's short runs: PowerSGD compresses from step 2)."""
+    if SWEPT not in entry.defaults():
+        return [config]
+    start = {} if args.start_iter is None else {"start_powerSGD_iter": args.start_iter}
+    options = entry.short_run_options({**start, **config.state_options})
+    given = options.pop(SWEPT, None)
+    ranks = args.matrix_rank if given is None else [given]
+    return [config.replace(state_options={SWEPT: r, **options}) for r in ranks]
 
 
 #: What the comparison writes into ``--out``: each is the lab's, so a link or a FIFO planted there is refused.
@@ -186,7 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="PowerSGD's matrix_approximation_rank values (the r of P Q^T, not a process rank)",
     )
     comp.add_argument(
-        "--start-iter", type=int, default=SHORT_RUN_START, help="PowerSGD start_powerSGD_iter, with --hooks"
+        "--start-iter",
+        type=int,
+        default=None,
+        help=f"PowerSGD start_powerSGD_iter, with --hooks (default: the lab's short-run start, {SHORT_RUN_START})",
     )
     comp.add_argument("--model", default="mlp", help="mlp | cnn | lowrank | module:function")
     comp.add_argument("--world-size", type=int, default=2)

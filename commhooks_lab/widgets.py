@@ -33,6 +33,25 @@ LINK_CHOICES = [("none (this machine's loopback)", "none"), ("1 Gbit/s", "1gbit"
                 ("10 Mbit/s", "10mbit")]  # fmt: skip
 
 
+#: State options the dashboard leaves to code, rarely what a learner explores: PowerSGD's tuning knobs, a
+#: compressor's seed. Every other option of a hook shows, starting at its short-run value.
+LEFT_TO_CODE = (
+    "orthogonalization_epsilon",
+    "random_seed",
+    "compression_stats_logging_frequency",
+    "batch_tensors_with_same_shape",
+    "seed",
+)
+#: Options shown as floats whatever their default's type (PyTorch documents min_compression_rate as a float).
+FLOAT_OPTIONS = ("min_compression_rate",)
+
+
+def shown_options(entry: registry.HookEntry) -> dict:
+    """The options the dashboard shows for ``entry``, with their starting values (its short-run options)."""
+    shown = entry.options_with_defaults(entry.short_run())
+    return {k: float(v) if k in FLOAT_OPTIONS else v for k, v in shown.items() if k not in LEFT_TO_CODE}
+
+
 def _option_widget(name: str, default, style: dict) -> w.Widget:
     """A control for one state option, by the type of its default."""
     if isinstance(default, bool):
@@ -131,9 +150,8 @@ class HookLab:
             self.unavailable.value = f"<i>could not try PyTorch's other hooks: {html.escape(str(exc))}</i>"
 
     def _shown_options(self) -> dict:
-        """The entry's dashboard options and starting values (its record says; default: all, short-run values)."""
-        entry = registry.get(self.hook.value)
-        return entry.dashboard_options() if entry.dashboard_options else entry.short_run_options(entry.defaults())
+        """The entry's dashboard options and starting values (:func:`shown_options`)."""
+        return shown_options(registry.get(self.hook.value))
 
     def _sync_visibility(self, *_):
         entry = registry.get(self.hook.value)

@@ -197,7 +197,7 @@ def test_the_dashboard_shows_every_registered_hooks_options():
         for name in board.hook.options:
             board.hook.value = name
             entry = lab.registry.get(name)
-            shown = entry.dashboard_options() if entry.dashboard_options else entry.short_run_options(entry.defaults())
+            shown = lab.widgets.shown_options(entry)
             values = {c.description: c.value for c in board.options_box.children}
             assert values == shown, name
         board.hook.value = "diloco"

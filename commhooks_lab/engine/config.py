@@ -164,10 +164,10 @@ class ExperimentConfig:
                 f"checkpoint_at / resume_from work with api='torch' (register_comm_hook), not api={self.api!r}: "
                 "the lab reaches the hook state only through the state it registered itself"
             )
-        if choice.entry is not None and choice.entry.after_step is not None:
+        if choice.entry is not None and choice.entry.step_post_hook is not None:
             raise ValueError(
-                f"checkpoint_at / resume_from do not save {choice.entry.name}'s outer state (global parameters, "
-                "outer optimizer) yet: run it without them"
+                f"checkpoint_at / resume_from do not save the outer state {choice.entry.name} keeps in its optimizer "
+                "step hook (for DiLoCo, the global parameters and outer optimizer) yet: run it without them"
             )
         if self.checkpoint_at is not None:
             _positive("checkpoint_at", self.checkpoint_at, numbers.Integral)

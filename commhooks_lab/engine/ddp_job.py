@@ -3,7 +3,6 @@ train, and measure every step. Returns plain data (rank 0 the tables)."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import platform
@@ -99,9 +98,7 @@ def _train(ctx, config: ExperimentConfig, choice: HookChoice) -> dict:
         probe.start_step()
         setup.backward(loss)
         record = probe.end_step(loss)
-        setup.optimizer.step()
-        if setup.syncer is not None:  # local SGD, DiLoCo: their communication comes after the step
-            probe.count_into(record, functools.partial(setup.syncer.after_step, step))
+        setup.optimizer.step()  # a step post-hook (local SGD, DiLoCo) counts its bytes into the step's record
         record.update(step=step, step_time_s=time.perf_counter() - start)
         if nonfinite is None:
             nonfinite = _nonfinite_note(step, loss, task.model, config)

@@ -74,7 +74,6 @@ class Setup:
     notes: list
     backward: Callable
     batches: Iterator
-    syncer: Any = None  # a family that synchronises after the optimizer step (HookEntry.after_step)
 
 
 def waits_per_bucket(ctx, config: ExperimentConfig, choice: HookChoice) -> bool:
@@ -133,13 +132,16 @@ def setup_torch_ddp(ctx, config: ExperimentConfig, task, probe: Probe, choice: H
     optimizer = make_optimizer(config.optimizer, ddp.parameters(), config.lr)
     data = rank_batches(task.train, ctx.rank, ctx.world_size, config.batch_size, config.seed)
     entry = choice.entry
-    syncer = None
-    if entry is not None and entry.after_step is not None:
-        syncer = entry.after_step(ddp.module, optimizer, entry.options_with_defaults(choice.options))
+    if entry is not None and entry.step_post_hook is not None:  # on the optimizer: the loop never knows
+
+        def count(fn: Callable[..., dict]) -> None:  # into the row end_step made for this step
+            probe.count_into(probe.records[-1], fn)
+
+        entry.step_post_hook(ddp.module, optimizer, entry.options_with_defaults(choice.options), count)
     if config.compile == "eager":
-        return Setup(ddp, optimizer, state, probe.notes, torch.Tensor.backward, data, syncer)
+        return Setup(ddp, optimizer, state, probe.notes, torch.Tensor.backward, data)
     model, backward = compiled(ddp, config.compile)
-    return Setup(model, optimizer, state, probe.notes, backward, data, syncer)
+    return Setup(model, optimizer, state, probe.notes, backward, data)
 
 
 def compiled(ddp: DDP, mode: str) -> tuple[torch.nn.Module, Callable]:

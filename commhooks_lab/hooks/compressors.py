@@ -14,7 +14,9 @@ Device-agnostic: every tensor a compressor makes (random draws included) lives o
 gradient's device, so the same code runs on gloo/CPU and NCCL/GPU.
 
 The payload is what is really sent: indices, scales and packed bits count; all-gathered
-copies show in ``ring_bytes`` ((W-1) x payload per rank).
+copies show in ``ring_bytes`` ((W-1) x payload per rank). Each compressor states its own byte rule
+beside its code: :meth:`Compressor.payload_bytes` for a tensor of a given shape, and how many payload
+dtypes (one all-gather each) it sends; its registry record (``compressor_entries``) reads them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch.distributed as dist
 
 from .. import _compat
 from .contract import completed_future
+from .traffic import Shape, numel
 
 __all__ = [
     "average_compressed",
@@ -72,6 +75,11 @@ class Compressor:
 
     name = "identity"
     summable = False  # can payloads from different ranks be summed element-wise?
+    payload_dtypes = 1  # how many dtypes its payload holds: one all-gather each, per bucket
+
+    def payload_bytes(self, shape: Shape) -> int:
+        """The bytes :meth:`encode` makes for a float32 tensor of ``shape``: its byte rule."""
+        return 4 * numel(shape)
 
     def encode(self, x: torch.Tensor, where: Where) -> list[torch.Tensor]:
         return [x.clone()]
@@ -105,6 +113,11 @@ class TopK(Compressor):
             raise ValueError(f"TopK ratio must be in (0, 1], got {ratio}")
         self.ratio, self.name = ratio, f"topk {ratio:.0%}"
 
+    payload_dtypes = 2
+
+    def payload_bytes(self, shape):
+        return 8 * _k(numel(shape), self.ratio)  # a float32 value and an int32 index per entry kept
+
     def encode(self, x, where):
         flat = x.reshape(-1)
         indices = flat.abs().topk(_k(flat.numel(), self.ratio), sorted=False).indices
@@ -124,6 +137,9 @@ class RandomK(Compressor):
         if not 0 < ratio <= 1:
             raise ValueError(f"RandomK ratio must be in (0, 1], got {ratio}")
         self.ratio, self.name = ratio, f"randomk {ratio:.0%}"
+
+    def payload_bytes(self, shape):
+        return 4 * _k(numel(shape), self.ratio)  # the values alone: every rank draws the same indices
 
     def _indices(self, numel, where, device):
         generator = where.generator(shared=True, device=device)
@@ -156,6 +172,10 @@ class ScaledSign(Compressor):
     """sign(x) x mean|x|: one bit per entry plus one float (EF-SignSGD when wrapped in ErrorFeedback)."""
 
     name = "sign"
+    payload_dtypes = 2
+
+    def payload_bytes(self, shape):
+        return math.ceil(numel(shape) / 8) + 4  # 8 signs a byte, a float32 scale per tensor
 
     def encode(self, x, where):
         return [pack_signs(x), x.abs().mean().reshape(1)]
@@ -171,6 +191,11 @@ class QSGD(Compressor):
         if not 1 <= levels <= 127:
             raise ValueError(f"QSGD levels must be in 1..127 (one signed byte per entry), got {levels}")
         self.levels, self.name = levels, f"qsgd s={levels}"
+
+    payload_dtypes = 2
+
+    def payload_bytes(self, shape):
+        return numel(shape) + 4  # an int8 level per entry, a float32 norm
 
     def encode(self, x, where):
         norm = x.norm()
@@ -191,6 +216,10 @@ class TernGrad(Compressor):
     """Wen et al. 2017: max|x| sign(x) b, b ~ Bernoulli(|x| / max|x|); one of {-1, 0, 1} per entry, unbiased."""
 
     name = "terngrad"
+    payload_dtypes = 2
+
+    def payload_bytes(self, shape):
+        return numel(shape) + 4  # an int8 in {-1, 0, 1} per entry, a float32 scale
 
     def encode(self, x, where):
         flat = x.reshape(-1)
@@ -210,6 +239,10 @@ class Int8PerChannel(Compressor):
     unlike PyTorch's quantization hooks, which hard-code CUDA."""
 
     name = "int8 per-channel"
+    payload_dtypes = 2  # uint8 codes; the float32 minimums and steps share one gather
+
+    def payload_bytes(self, shape):
+        return numel(shape) + 8 * (shape[0] if len(shape) > 1 else 1)  # codes, a minimum and a step per row
 
     def encode(self, x, where):
         rows = x.reshape(x.shape[0] if x.dim() > 1 else 1, -1)
@@ -237,6 +270,13 @@ class ErrorFeedback(Compressor):
         self.inner = inner
         self.name = f"{inner.name} + EF"
         self.summable = inner.summable
+
+    @property
+    def payload_dtypes(self) -> int:  # type: ignore[override]  # the inner compressor's, kept on no attribute
+        return self.inner.payload_dtypes
+
+    def payload_bytes(self, shape):
+        return self.inner.payload_bytes(shape)  # the residual stays home
 
     def compress(self, x, where, memory):
         corrected = x + memory[where.key] if where.key in memory else x.clone()

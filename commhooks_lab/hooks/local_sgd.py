@@ -16,22 +16,26 @@ gradient (DDP's hook sends nothing) and synchronise every ``H = sync_every`` opt
   update can also go through the lab's int8 codes (INTELLECT-1 quantises to int8 but all-reduces) or top-k 1% with
   error feedback (as SparseLoCo), ``compress="int8"|"topk"``, both all-gathered here.
 
-The record's ``after_step`` is built in each rank as ``after_step(model, optimizer, options)``; its
-``after_step(step, uncounted)`` runs after each optimizer step, and the engine counts the bytes of its
-collectives into that step's row (``uncounted()`` hides a reference computation), so bytes mean the same as for
-every other hook. DiLoCo's reference (the float64 mean behind ``outer_rel_error``) runs only when the run measures:
-with ``measure=False`` its column is NaN and a sync sends the method's bytes alone.
+Each attaches to the optimizer as torchft's ``LocalSGD`` and ``DiLoCo`` do (``torchft/local_sgd.py``): the record's
+``step_post_hook(model, optimizer, options, count)`` registers a step post-hook (``optimizer.register_step_post_hook``)
+that counts the optimizer's steps and synchronises after every H-th, so the training loop never knows. ``count(fn)``
+runs the synchronisation and adds the bytes of its collectives to that step's row (``fn(uncounted)``, where
+``uncounted()`` hides a reference computation), so bytes mean the same as for every other hook. DiLoCo's reference
+(the float64 mean behind ``outer_rel_error``) runs only when the run measures: with ``measure=False`` its column is NaN
+and a sync sends the method's bytes alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .registry import HOOK, HookEntry, register
 
-__all__ = ["COMPRESS", "DiLoCo", "LocalSGD", "PostLocalSGD"]
+__all__ = ["attach", "COMPRESS", "DiLoCo", "LocalSGD", "PostLocalSGD"]
 
 _WHY_NOT_COMPILED = "it steps on each rank's own gradient and synchronises parameters outside backward"
 
@@ -47,6 +51,31 @@ def _local_steps(options: dict, process_group: Any) -> tuple:
     from torch.distributed.algorithms.ddp_comm_hooks import debugging_hooks
 
     return debugging_hooks.noop_hook, process_group
+
+
+def attach(syncer: Any, optimizer: Any, count: Callable[[Callable[..., dict]], None] | None = None) -> Any:
+    """Register ``syncer.after_step`` as ``optimizer``'s step post-hook, numbering the optimizer's steps from 0 as
+    torchft's ``_step_post_hook`` does; ``count(fn)`` runs each call so its bytes land in the step's row (without it,
+    the call runs as it is). Returns the hook's handle (``handle.remove()`` detaches it)."""
+    steps = itertools.count()
+
+    def step_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        step = next(steps)
+        if count is None:
+            syncer.after_step(step)
+        else:
+            count(lambda uncounted: syncer.after_step(step, uncounted))
+
+    return optimizer.register_step_post_hook(step_post_hook)
+
+
+def _attaching(family: Callable[[Any, Any, dict], Any]) -> Callable[..., Any]:
+    """A record's ``step_post_hook``: build the family's syncer in the rank and attach it to the run's optimizer."""
+
+    def step_post_hook(model: Any, optimizer: Any, options: dict, count: Any = None) -> Any:
+        return attach(family(model, optimizer, options), optimizer, count)
+
+    return step_post_hook
 
 
 class LocalSGD:
@@ -244,7 +273,7 @@ register(
         check=_check_sync_every,
         run_name=_sync_name("local_sgd"),
         not_compilable=_WHY_NOT_COMPILED,
-        after_step=LocalSGD,
+        step_post_hook=_attaching(LocalSGD),
     )
 )
 register(
@@ -257,7 +286,7 @@ register(
         check=_check_sync_every,
         run_name=_sync_name("post_local_sgd"),
         not_compilable=_WHY_NOT_COMPILED,
-        after_step=PostLocalSGD,
+        step_post_hook=_attaching(PostLocalSGD),
     )
 )
 register(
@@ -270,6 +299,6 @@ register(
         check=_check_diloco,
         run_name=_sync_name("diloco"),
         not_compilable=_WHY_NOT_COMPILED,
-        after_step=DiLoCo,
+        step_post_hook=_attaching(DiLoCo),
     )
 )

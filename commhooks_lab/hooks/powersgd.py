@@ -15,13 +15,6 @@ __all__ = ["BATCHED_POWER_SGD_NOTE", "compressed_elements", "SHORT_RUN_START"]
 #: The lab's short runs compress from step 2, the first PyTorch allows with error feedback or warm
 #: start (its default, 1000, would never compress in a short run).
 SHORT_RUN_START = 2
-#: The options the dashboard leaves to code: rarely what a learner explores.
-_LEFT_TO_CODE = (
-    "orthogonalization_epsilon",
-    "random_seed",
-    "compression_stats_logging_frequency",
-    "batch_tensors_with_same_shape",
-)
 
 BATCHED_POWER_SGD_NOTE = (
     "batched_power_sgd: PyTorch's batched_powerSGD_hook hands a 2-D matrix to _orthogonalize, which "
@@ -129,12 +122,6 @@ def _never_compressed(options: dict, steps: int) -> tuple[str, str]:
     return why, "Lower min_compression_rate or matrix_approximation_rank to compress."
 
 
-def _dashboard_options() -> dict:
-    shown = {k: v for k, v in _compat.power_sgd_defaults().items() if k not in _LEFT_TO_CODE}
-    rate = float(shown["min_compression_rate"])  # a FloatText: PyTorch documents it as a float
-    return {**shown, "start_powerSGD_iter": SHORT_RUN_START, "min_compression_rate": rate}
-
-
 def _batched_note() -> str | None:
     return BATCHED_POWER_SGD_NOTE if _compat.batched_fix_active() else None
 
@@ -164,14 +151,11 @@ for _name, _attribute, _summary, _traffic in (
             check=_check,
             run_name=_run_name(_name),
             accelerate=_name,
-            power_sgd=True,
             prepare=_compat.patch_batched_orthogonalize if _batched else None,
-            prepared=_compat.batched_fix_active if _batched else None,
             rank_note=_batched_note if _batched else None,
             not_compilable=_NEEDS_BUCKETS,
             traffic=_traffic,
             short_run=lambda: {"start_powerSGD_iter": SHORT_RUN_START},
-            dashboard_options=_dashboard_options,
             never_compressed=_never_compressed,
         )
     )

@@ -1,19 +1,25 @@
-"""The hook registry: one record per hook, compressor family and wrapper, the one place hook facts live.
+"""The hook registry: one record per hook, compressor family and wrapper, the facts every consumer needs.
 
-Everything that offers or checks a hook reads this: ``available_hooks()``, the dashboard's
-dropdowns and starting values, the CLI's and ``compare``'s specs, ``ExperimentConfig.check()``,
-the Accelerate and FSDP2 paths, the network model's byte rules and overlap, and the notes a run
-carries. The records themselves live one family per file, as PyTorch's ``ddp_comm_hooks/``:
-:mod:`.default` (PyTorch's default and debugging hooks, the wrappers), :mod:`.powersgd`,
-:mod:`.compressor_entries` (the lab's compressors and 16-bit ring hooks). Names follow Accelerate's
-``DDPCommunicationHookType`` values (``no``, ``fp16``, ``bf16``, ``power_sgd``, ``batched_power_sgd``)
-plus ``allreduce`` and ``noop``; compressor families (``topk``, ``sign``, ...) take their parameter
-and ``error_feedback`` as state options. To add your own, one record is all it takes::
+Everything that offers, checks or runs a hook reads this: ``available_hooks()``, the dashboard's
+dropdowns, the CLI's and ``compare``'s specs, ``ExperimentConfig.check()``, the training run and
+its Accelerate and FSDP2 paths, and the network model's byte rules and overlap. A fact only one
+consumer uses lives with that consumer (the dashboard's shown options in :mod:`commhooks_lab.widgets`,
+the CLI's ``--matrix-rank`` sweep in :mod:`commhooks_lab.cli`). The records live one family per file,
+as PyTorch's ``ddp_comm_hooks/``: :mod:`.default` (no, allreduce, fp16, bf16), :mod:`.debugging` (noop),
+:mod:`.wrappers` (the fp16 and bf16 wrappers), :mod:`.powersgd` (power_sgd, batched_power_sgd),
+:mod:`.wire16` (the 16-bit ring hooks), :mod:`.compressor_entries` (the lab's compressor families:
+topk, randomk, sign, qsgd, terngrad, int8) and :mod:`.local_sgd` (local_sgd, post_local_sgd, diloco).
+Names follow Accelerate's ``DDPCommunicationHookType`` values (``no``, ``fp16``, ``bf16``, ``power_sgd``,
+``batched_power_sgd``) plus the lab's own; compressor families take their parameter and ``error_feedback``
+as state options. To add your own, one record is all it takes::
+
+    from commhooks_lab.hooks.traffic import allreduced, numel
 
     lab.registry.register(lab.registry.HookEntry(
         name="my_hook", kind="hook", summary="what it does",
         build=lambda options, process_group: (my_hook, process_group),
-        traffic=lambda shapes, buckets, options: ...,  # optional: its byte rule for the network model
+        # optional: its byte rule for the network model, here every float32 gradient entry all-reduced
+        traffic=lambda shapes, buckets, options: allreduced(4 * sum(numel(s) for s in shapes), buckets),
     ))
 
 A record travels to the ranks with the run (by value, so one defined in a notebook works).
@@ -60,9 +66,7 @@ class HookEntry:
     run_name: Callable[[dict], str] | None = None  # a name that tells runs with other options apart
     accelerate: str | None = None  # its DDPCommunicationHookType value, if Accelerate names it
     needs: str = ""  # what it needs beyond gloo on CPU to register as written
-    power_sgd: bool = False  # a PowerSGD variant: compresses only from start_powerSGD_iter on
     prepare: Callable[[], Any] | None = None  # run in the rank before the hook is registered (any api)
-    prepared: Callable[[], bool] | None = None  # whether prepare() has run in this process
     rank_note: Callable[[], str | None] | None = None  # a note only the rank can tell, after build
     not_compilable: str = ""  # why it cannot run under compiled autograd (empty: it takes the (grad, param) form)
     #: the byte rule: (parameter shapes, buckets, state options) -> what one rank hands to collectives
@@ -71,17 +75,17 @@ class HookEntry:
     overlaps_backward: bool = False  # starts its collective and returns: DDP hides it behind backward
     fsdp2_reduce_dtype: str | None = None  # the torch dtype api='fsdp2' reduces in for this name
     short_run: Callable[[], dict] = dict  # what the lab's short runs set unless told (PowerSGD: start at step 2)
-    dashboard_options: Callable[[], dict] | None = None  # the options the dashboard shows, starting values
     never_compressed: Callable[[dict, int], tuple[str, str]] | None = None  # (options, steps) -> (why, fix)
-    #: communicates after the optimizer step instead: (model, optimizer, options) -> an object whose
-    #: after_step(step, uncounted) runs after every optimizer step and returns extra columns for the step's row
-    after_step: Callable[[Any, Any, dict], Any] | None = None
+    #: communicates around the optimizer step too (local SGD, DiLoCo): (model, optimizer, options, count) registers
+    #: its hook with ``optimizer.register_step_post_hook`` and returns the handle; ``count(fn)`` runs ``fn(uncounted)``
+    #: and adds the bytes it hands to collectives, and the columns it returns, to the step's row
+    step_post_hook: Callable[[Any, Any, dict, Callable], Any] | None = None
 
     def options_with_defaults(self, options: dict) -> dict:
         return {**self.defaults(), **options}
 
     def short_run_options(self, options: dict) -> dict:
-        """``options`` over the lab's short-run defaults: what the CLI, dashboard and matrices run."""
+        """``options`` over the lab's short-run defaults: what the CLI's sweep and the compile matrix run."""
         return {**self.short_run(), **options}
 
 

@@ -140,7 +140,7 @@ def _try_entry(entry) -> dict:
     else:
         assert entry.build is not None  # register() guarantees it
         build = entry.build
-        if entry.prepare is not None and entry.prepared is not None and not entry.prepared():
+        if entry.prepare is not None:  # the hook alone first (once prepare() ran in this process, it runs)
 
             def unprepared() -> None:
                 model = _ddp()
@@ -149,7 +149,6 @@ def _try_entry(entry) -> dict:
                 _steps(model)
 
             before_patch = _try(unprepared)
-        if entry.prepare is not None:
             entry.prepare()
         hook, state = build(options, None)
     notes = []

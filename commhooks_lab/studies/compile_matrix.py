@@ -38,9 +38,9 @@ _CACHE: dict[tuple, Any] = {}
 def default_lineup() -> list[Any]:
     """Every registered hook and compressor family (default options) and each wrapper around allreduce.
 
-    Not the families that synchronise after the optimizer step (local SGD, DiLoCo): their DDP hook sends nothing,
-    and what they do is not a comm hook's business (their records say why they are not compilable)."""
-    items: list[Any] = [e.name for e in registry.entries(registry.HOOK) if e.after_step is None]
+    A family that also synchronises on the optimizer step (local SGD, DiLoCo) is tried by the DDP hook it registers:
+    the matrix runs no optimizer."""
+    items: list[Any] = [e.name for e in registry.entries(registry.HOOK)]
     items += [e.name for e in registry.entries(registry.COMPRESSOR)]
     items += [{"hook": "allreduce", "wrapper": e.name} for e in registry.entries(registry.WRAPPER) if e.name != "no"]
     return items
