@@ -91,12 +91,11 @@ def _task(config: ExperimentConfig, choice: HookChoice) -> bytes:
     return serialize_task(job_for(config), (config, choice))
 
 
-def _run_checked(
-    config: ExperimentConfig, choice: HookChoice, spec: RankSpec, task: bytes, ranks: Ranks, progress: _Progress
-) -> Result:
+def _on_ranks(task: bytes, spec: RankSpec, ranks: Ranks, progress: _Progress) -> tuple[list, str]:
+    """The ranks' values for one run's ``task``, and how those ranks were started."""
     cluster = ranks(spec)
-    values = cluster.run_serialized(task, timeout_s=config.timeout_s, on_event=progress.event)
-    return assemble_result(config, choice, values, cluster.start_method, spec)
+    values = cluster.run_serialized(task, timeout_s=spec.timeout_s, on_event=progress.event)
+    return values, cluster.start_method
 
 
 def _checked(config: ExperimentConfig) -> tuple[HookChoice, RankSpec]:
@@ -111,7 +110,8 @@ def assemble_result(
 ) -> Result:
     """The ranks' return values as one Result, with the notes only the whole run can tell (``spec``: the ranks it
     ran on, behind its link; None under torchrun)."""
-    result = from_ranks({**config.to_dict(), "name": config.label or choice.name}, ranks)
+    record = config.to_dict()
+    result = from_ranks({**record, "name": config.label or choice.name}, ranks)
     result.env["start_method"] = start_method
     note = _never_compressed_note(config, choice, result)
     if note:
@@ -136,12 +136,13 @@ def run(
     """
     config = (config or ExperimentConfig()).replace(**changes)
     choice, spec = _checked(config)
-    task = _task(config, choice)
     with contextlib.ExitStack() as stack:
-        ranks = stack.enter_context(Ranks(cluster, fresh=fresh))
         bar = _Progress(config.steps, progress, on_step)
         stack.callback(bar.close)
-        return _run_checked(config, choice, spec, task, ranks, bar)
+        task = _task(config, choice)
+        ranks = stack.enter_context(Ranks(cluster, fresh=fresh))
+        values, start_method = _on_ranks(task, spec, ranks, bar)
+        return assemble_result(config, choice, values, start_method, spec)
 
 
 def compare(
@@ -173,7 +174,8 @@ def compare(
         bar = _Progress(sum(c.steps for c in configs), progress, on_step)
         stack.callback(bar.close)
         for config, (choice, spec), task in zip(configs, checked, tasks):
-            results.append(_run_checked(config, choice, spec, task, ranks, bar))
+            values, start_method = _on_ranks(task, spec, ranks, bar)
+            results.append(assemble_result(config, choice, values, start_method, spec))
     return results
 
 
