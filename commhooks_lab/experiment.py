@@ -94,7 +94,8 @@ def _task(config: ExperimentConfig, choice: HookChoice) -> bytes:
 def _on_ranks(task: bytes, spec: RankSpec, ranks: Ranks, progress: _Progress) -> tuple[list, str]:
     """The ranks' values for one run's ``task``, and how those ranks were started."""
     cluster = ranks(spec)
-    values = cluster.run_serialized(task, timeout_s=spec.timeout_s, on_event=progress.event)
+    timeout_s = None if cluster.timeout_s == spec.timeout_s else spec.timeout_s  # another only on a cluster of yours
+    values = cluster.run_serialized(task, timeout_s=timeout_s, on_event=progress.event)
     return values, cluster.start_method
 
 

@@ -114,3 +114,27 @@ def test_headroom_study_runs_behind_a_link():
     results = headroom_study(model="mlp", steps=2, warmup_steps=0, link="1gbit")
     assert all(r.config["link"] == "1gbit" for r in results)
     assert all(any("link:" in note for note in r.notes) for r in results)
+
+
+def test_one_run_checks_its_launch_options_once(monkeypatch):
+    """Before: config.check, the session, Cluster and run_serialized each checked them again (four times on a
+    first run, three on a warm one)."""
+    from commhooks_lab.launcher import cluster as cluster_module
+    from commhooks_lab.launcher import rank_spec
+
+    calls: list[str] = []
+
+    def counted(name, check):
+        def wrapper(*args, **kwargs):
+            calls.append(name)
+            return check(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(rank_spec, "check_launch_options", counted("launch", rank_spec.check_launch_options))
+    monkeypatch.setattr(rank_spec, "check_link", counted("link", rank_spec.check_link))
+    monkeypatch.setattr(cluster_module, "check_timeout", counted("timeout", cluster_module.check_timeout))
+    lab.run(hook="fp16", steps=2)  # starts the session's ranks
+    assert calls == ["launch", "link"]
+    lab.compare(["allreduce", "fp16"], steps=2)  # on the warm ranks: each config checked once, nothing else
+    assert calls == ["launch", "link"] * 3
