@@ -267,7 +267,7 @@ def time_hooks(
                 model=model, world_size=world_size, steps=n, seed=repeat, link=link, timing=True, measure=False
             )
             with Ranks(fresh=True) as ranks:
-                cluster = ranks(RankSpec(world_size, link=link))
+                cluster = ranks(base.rank_spec())
                 if link not in facts:
                     facts[link] = measure_link(link, world_size, seconds, transfers, cluster)
                 configs = [base.replace(hook=spec, label=label) for label, spec in hooks.items()]
