@@ -86,4 +86,11 @@ NUMERICS_PROBLEMS = _numerics.apply_here()
 
 from .launcher import prewarm as _prewarm  # noqa: E402  (the rank server and the first run's imports, in the background)
 
-_prewarm.start()
+
+def _import_a_runs_share() -> None:
+    """What a run imports in the notebook's own process (torch, pandas and the engine come with it)."""
+    from . import experiment  # noqa: F401
+
+
+#: What a run's ranks import: the rank server loads it once (by name: it is another interpreter).
+_prewarm.start(rank_modules=("numpy", "commhooks_lab.engine.dispatch"), kernel_imports=_import_a_runs_share)

@@ -11,9 +11,9 @@ from .engine.config import ExperimentConfig
 from .engine.dispatch import job_for
 from .hooks.choice import HookChoice
 from .hooks.powersgd import SHORT_RUN_START
-from .launcher import Cluster
+from .launcher import Cluster, Ranks, RankSpec
 from .launcher.cluster import serialize_task
-from .launcher.link_spec import as_link, link_notes
+from .launcher.link_spec import link_notes
 from .launcher.torchrun import launch_from_env, under_torchrun
 from .result import Result, ResultSet, from_ranks
 
@@ -91,56 +91,33 @@ def _task(config: ExperimentConfig, choice: HookChoice) -> bytes:
     return serialize_task(job_for(config), (config, choice))
 
 
-def _run_checked(
-    config: ExperimentConfig, choice: HookChoice, task: bytes, ranks: _Ranks, progress: _Progress
+def _on_ranks(task: bytes, spec: RankSpec, ranks: Ranks, progress: _Progress) -> tuple[list, str]:
+    """The ranks' values for one run's ``task``, and how those ranks were started."""
+    cluster = ranks(spec)
+    timeout_s = None if cluster.timeout_s == spec.timeout_s else spec.timeout_s  # another only on a cluster of yours
+    values = cluster.run_serialized(task, timeout_s=timeout_s, on_event=progress.event)
+    return values, cluster.start_method
+
+
+def _checked(config: ExperimentConfig) -> tuple[HookChoice, RankSpec]:
+    """Every check of ``config``, and the ranks it runs on: refused here, before any rank starts."""
+    choice, spec = config.checked()
+    assert spec is not None  # checked for ranks the lab starts on this machine
+    return choice, spec
+
+
+def assemble_result(
+    config: ExperimentConfig, choice: HookChoice, ranks: list[dict], start_method: str, spec: RankSpec | None = None
 ) -> Result:
-    cluster = ranks.for_config(config)
-    if cluster.world_size != config.world_size:
-        raise ValueError(
-            f"this Cluster has {cluster.world_size} ranks but the config asks for "
-            f"world_size={config.world_size}; make the Cluster with world_size={config.world_size}"
-        )
-    if cluster.link != as_link(config.link):
-        have = "no link" if cluster.link is None else f"link={cluster.link.spec!r}"
-        raise ValueError(
-            f"this Cluster's ranks sit behind {have} but the config asks for link={config.link!r}; make the "
-            f"Cluster with link={config.link!r}, or leave out cluster="
-        )
-    values = cluster.run_serialized(task, timeout_s=config.timeout_s, on_event=progress.event)
-    return assemble_result(config, choice, values, cluster.start_method)
-
-
-class _Ranks:
-    """Where a call's runs go: your ``cluster``, the session's warm ones, or fresh ones closed at the end."""
-
-    def __init__(self, cluster: Cluster | None, fresh: bool, stack: contextlib.ExitStack):
-        if cluster is not None and fresh:
-            raise ValueError("pass either cluster= (run on those ranks) or fresh=True (start new ranks), not both")
-        self.cluster, self.fresh, self.stack = cluster, fresh, stack
-        self._own: dict[tuple, Cluster] = {}
-
-    def for_config(self, config: ExperimentConfig) -> Cluster:
-        if self.cluster is not None:
-            return self.cluster
-        if not self.fresh:
-            from .launcher import session
-
-            return session.get_cluster(config.world_size, config.backend, config.timeout_s, link=config.link)
-        key = (config.world_size, config.backend, config.timeout_s, config.link)
-        if key not in self._own:
-            cluster = Cluster(config.world_size, backend=config.backend, timeout_s=config.timeout_s, link=config.link)
-            self._own[key] = self.stack.enter_context(cluster)
-        return self._own[key]
-
-
-def assemble_result(config: ExperimentConfig, choice: HookChoice, ranks: list[dict], start_method: str) -> Result:
-    """The ranks' return values as one Result, with the notes only the whole run can tell."""
-    result = from_ranks({**config.to_dict(), "name": config.label or choice.name}, ranks)
+    """The ranks' return values as one Result, with the notes only the whole run can tell (``spec``: the ranks it
+    ran on, behind its link; None under torchrun)."""
+    record = config.to_dict()
+    result = from_ranks({**record, "name": config.label or choice.name}, ranks)
     result.env["start_method"] = start_method
     note = _never_compressed_note(config, choice, result)
     if note:
         result.notes.append(note)
-    result.notes.extend(link_notes(as_link(config.link)))
+    result.notes.extend(link_notes(spec.link if spec is not None else None))
     return result
 
 
@@ -159,13 +136,14 @@ def run(
     one, or on new ranks started for it and stopped after it with ``fresh=True``.
     """
     config = (config or ExperimentConfig()).replace(**changes)
-    choice = config.check()
-    task = _task(config, choice)
+    choice, spec = _checked(config)
     with contextlib.ExitStack() as stack:
-        ranks = _Ranks(cluster, fresh, stack)
         bar = _Progress(config.steps, progress, on_step)
         stack.callback(bar.close)
-        return _run_checked(config, choice, task, ranks, bar)
+        task = _task(config, choice)
+        ranks = stack.enter_context(Ranks(cluster, fresh=fresh))
+        values, start_method = _on_ranks(task, spec, ranks, bar)
+        return assemble_result(config, choice, values, start_method, spec)
 
 
 def compare(
@@ -189,15 +167,16 @@ def compare(
     configs = as_configs(DEFAULT_COMPARISON if items is None else items, base, "compare", **changes)
     if under_torchrun():
         return _compare_under_torchrun(configs, cluster, fresh)  # type: ignore[return-value]
-    choices = [config.check() for config in configs]
-    tasks = [_task(config, choice) for config, choice in zip(configs, choices)]
+    checked = [_checked(config) for config in configs]
+    tasks = [_task(config, choice) for config, (choice, _) in zip(configs, checked)]
     results = ResultSet()
     with contextlib.ExitStack() as stack:
-        ranks = _Ranks(cluster, fresh, stack)
+        ranks = stack.enter_context(Ranks(cluster, fresh=fresh))
         bar = _Progress(sum(c.steps for c in configs), progress, on_step)
         stack.callback(bar.close)
-        for config, choice, task in zip(configs, choices, tasks):
-            results.append(_run_checked(config, choice, task, ranks, bar))
+        for config, (choice, spec), task in zip(configs, checked, tasks):
+            values, start_method = _on_ranks(task, spec, ranks, bar)
+            results.append(assemble_result(config, choice, values, start_method, spec))
     return results
 
 

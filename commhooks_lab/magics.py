@@ -161,22 +161,31 @@ class _DDP:
 
     def __init__(self, shell: Any):
         self.shell = shell
-        self.world_size = 2
-        self.timeout_s: float | None = None
-        self.link: str | None = None
+        self._spec: Any = None  # the RankSpec of `%ddp start` (made on first use: 2 ranks)
+
+    @property
+    def spec(self):
+        if self._spec is None:
+            from .launcher import RankSpec
+
+            self._spec = RankSpec()
+        return self._spec
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
 
     def cluster(self):
-        from .launcher import session
-        from .launcher.options import DEFAULT_TIMEOUT_S
+        from .launcher import Ranks
 
-        return session.get_cluster(self.world_size, timeout_s=self.timeout_s or DEFAULT_TIMEOUT_S, link=self.link)
+        return Ranks()(self.spec)  # the session's warm ranks, the ones lab.run uses
 
     def line(self, line: str) -> Any:
         words = shlex.split(line)
         command, rest = (words[0], words[1:]) if words else ("status", [])
         if command == "start":
-            from .launcher.link_spec import as_link
-            from .launcher.options import DEFAULT_TIMEOUT_S, check_common_options
+            from .launcher import RankSpec
+            from .launcher.options import DEFAULT_TIMEOUT_S
 
             parser = _Parser(prog="%ddp start", add_help=False, exit_on_error=False)
             parser.add_argument("-n", type=int, default=2)
@@ -184,9 +193,7 @@ class _DDP:
             parser.add_argument("--link", default=None, help="each rank behind a link of its own: 100mbit, 1gbit")
             started, _ = _parse(parser, rest)
             timeout_s = DEFAULT_TIMEOUT_S if started.timeout is None else started.timeout
-            check_common_options(started.n, None, timeout_s)  # refused before the magics remember them
-            as_link(started.link)
-            self.world_size, self.timeout_s, self.link = started.n, started.timeout, started.link
+            self._spec = RankSpec(started.n, timeout_s=timeout_s, link=started.link)  # refused before it is kept
             cluster = self.cluster()
             cluster.start()
             behind = f", each behind a {cluster.link.spec} link" if cluster.link is not None else ""
@@ -200,9 +207,8 @@ class _DDP:
             return None
         if command == "status":
             from .launcher import session
-            from .launcher.link_spec import as_link
 
-            running = [c for c in session.active() if c.world_size == self.world_size and c.link == as_link(self.link)]
+            running = [c for c in session.active() if c.spec == self.spec]
             print(f"{self.world_size} ranks {'running' if running else 'not started'}")
             return None
         if command == "reset":

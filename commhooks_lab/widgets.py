@@ -20,8 +20,7 @@ from .engine.config import ExperimentConfig
 from .engine.models import TASKS
 from .experiment import run
 from .hooks import registry
-from .launcher import Cluster, session
-from .launcher.link_spec import as_link
+from .launcher import Cluster, Ranks, RankSpec, session
 from .live_plots import LiveFigures, close_widgets
 from .result import ResultSet
 from .studies.availability import available_hooks
@@ -194,18 +193,14 @@ class HookLab:
         )
 
     # -- running ---------------------------------------------------------------------------------
-    def _cluster_for(self, world_size: int, link: str | None) -> Cluster:
-        wanted = as_link(link)
-        if self.cluster is not None and (self.cluster.world_size, self.cluster.link) != (world_size, wanted):
+    def _cluster_for(self, spec: RankSpec) -> Cluster:
+        if self.cluster is not None and self.cluster.spec != spec:
             if self.fresh:
                 self.cluster.close()
             self.cluster = None
         if self.cluster is None:
-            behind = f" behind {wanted.spec} links" if wanted is not None else ""
-            self.status.value = f"starting {world_size} ranks{behind} (once)..."
-            self.cluster = (
-                Cluster(world_size, link=wanted) if self.fresh else session.get_cluster(world_size, link=link)
-            )
+            self.status.value = f"starting {spec.describe()} (once)..."
+            self.cluster = Ranks(fresh=self.fresh)(spec)  # fresh: the dashboard's own, which close() stops
         return self.cluster
 
     def _on_step(self, rank: int, event: dict) -> None:
@@ -219,9 +214,10 @@ class HookLab:
         self.error.value = ""
         try:
             config = self.config()
-            config.check()
+            _, spec = config.checked()
+            assert spec is not None
             self.progress.max, self.progress.value = config.steps, 0
-            cluster = self._cluster_for(config.world_size, config.link)
+            cluster = self._cluster_for(spec)
             self.status.value = f"running {html.escape(config.name)} on {config.world_size} ranks..."
             self.figures.start_run(config.name, list(self.results))
             result = run(config, cluster=cluster, on_step=self._on_step)

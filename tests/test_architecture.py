@@ -167,14 +167,16 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Package module -> package modules it imports anywhere (function-level imports included)."""
+def import_graph(replaced: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """Package module -> package modules it imports anywhere (function-level imports included, and modules named
+    as strings, for importlib); ``replaced``: module -> source to read instead of its file."""
     modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        source = (replaced or {}).get(name) or path.read_text()
+        for node in ast.walk(ast.parse(source)):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -184,6 +186,8 @@ def import_graph() -> dict[str, set[str]]:
                     anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                     base = ".".join(anchor + ([node.module] if node.module else []))
                 targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                targets = [node.value]  # a module named for importlib (or a preload list) is imported all the same
             edges |= {t for t in targets if t in modules and t != name}
         # a module's own parent packages are imported before it anyway: those edges are not cycles
         graph[name] = {t for t in edges if not name.startswith(t + ".")}
@@ -282,6 +286,64 @@ def test_the_layer_rule_has_teeth():
         ("commhooks_lab.engine.ddp_job", "commhooks_lab.studies.compile_matrix"),
         ("commhooks_lab.hooks.registry", "commhooks_lab.engine.ddp_job"),
     ]
+
+
+def test_a_module_named_as_a_string_counts_as_an_import():
+    """prewarm once named the engine and the notebook API as strings for importlib: the launcher imported them,
+    and the layer rule, which read only import statements, did not see it."""
+    before = "import importlib\n\nKERNEL_MODULES = ('commhooks_lab.experiment',)\n"
+    before += "RANK_MODULES = ('numpy', 'commhooks_lab.engine.dispatch')\n"
+    graph = import_graph({"commhooks_lab.launcher.prewarm": before})
+    assert ("commhooks_lab.launcher.prewarm", "commhooks_lab.experiment") in layer_violations(graph)
+    assert ("commhooks_lab.launcher.prewarm", "commhooks_lab.engine.dispatch") in layer_violations(graph)
+
+
+#: Only the launcher decides where ranks come from (``launcher.ranks.Ranks``): a module above it that starts a
+#: Cluster, wraps a cluster in ``nullcontext`` or asks the session itself has a policy of its own.
+RANK_POLICY_CALLS = {"Cluster", "nullcontext", "get_cluster"}
+
+
+def rank_policies(sources: dict[str, str]) -> list[tuple[str, int, str]]:
+    """(module, line, call) for each call outside the launcher that decides where ranks come from."""
+    found = []
+    for name, source in sources.items():
+        if _layer(name) == "launcher":
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if called == "nullcontext" and not any("cluster" in ast.unparse(a) for a in node.args):
+                continue  # nullcontext() for something else than ranks
+            if called in RANK_POLICY_CALLS:
+                found.append((name, node.lineno, called))
+    return sorted(found)
+
+
+def _sources() -> dict[str, str]:
+    return {_module_name(p): p.read_text() for p in PACKAGE.rglob("*.py")}
+
+
+def test_only_the_launcher_decides_where_ranks_come_from():
+    assert rank_policies(_sources()) == []
+
+
+def test_the_rank_policy_rule_has_teeth():
+    """The shape the seven places had before issue 53: each would be found."""
+    study = (
+        "import contextlib\nfrom ..launcher import Cluster, session\n"
+        "def table(cluster=None):\n"
+        "    with Cluster(world_size=2) if cluster is None else contextlib.nullcontext(cluster) as ranks:\n"
+        "        return ranks\n"
+        "def warm():\n    return session.get_cluster(2)\n"
+        "def other():\n    return contextlib.nullcontext()\n"
+    )
+    assert rank_policies({"commhooks_lab.studies.made_up": study}) == [
+        ("commhooks_lab.studies.made_up", 4, "Cluster"),
+        ("commhooks_lab.studies.made_up", 4, "nullcontext"),
+        ("commhooks_lab.studies.made_up", 7, "get_cluster"),
+    ]
+    assert rank_policies({"commhooks_lab.launcher.ranks": study}) == []
 
 
 def test_at_most_a_dozen_modules_at_the_top_level():

@@ -12,7 +12,7 @@ import pytest
 
 import commhooks_lab as lab
 from commhooks_lab import ExperimentConfig
-from commhooks_lab.launcher import cluster
+from commhooks_lab.launcher import forensics
 from commhooks_lab.launcher.link_spec import as_link
 from commhooks_lab.launcher.netns_switch import why_unavailable
 from commhooks_lab.launcher.step_watch import StepWatch
@@ -41,14 +41,12 @@ def test_a_hang_under_the_process_limit_names_the_limit(monkeypatch):
     collective hangs the others". The kernel does not hold root to the limit, so the account is simulated."""
     from commhooks_lab.launcher import limits
 
-    waiting = cluster.Cluster.__new__(cluster.Cluster)
-    waiting.world_size = 2
     monkeypatch.setattr(limits, "_enforced_limit", lambda: 12)
     monkeypatch.setattr(limits, "_threads_of_this_account", lambda: 12)
-    hang = waiting._hang(StepWatch(2), [1], 60.0, [], watchdog=True)
+    hang = forensics.hang(StepWatch(2), [1], 60.0, [], 2, watchdog=True)
     assert "at most 12 processes and threads (ulimit -u) and runs 12" in str(hang)
     monkeypatch.setattr(limits, "_threads_of_this_account", lambda: 3)  # far from the limit: not blamed
-    assert "ulimit" not in str(waiting._hang(StepWatch(2), [1], 60.0, [], watchdog=True))
+    assert "ulimit" not in str(forensics.hang(StepWatch(2), [1], 60.0, [], 2, watchdog=True))
 
 
 def _refused_a_thread(ctx):

@@ -18,8 +18,8 @@ from typing import Any
 from ..hooks import registry
 from ..hooks.choice import HookChoice, check_hook_choice, split_spec
 from ..launcher.link_spec import Link, payload_share
-from ..launcher.options import DEFAULT_TIMEOUT_S, check_common_options, check_launch_options, check_link
-from ..launcher.rank_server import DEFAULT_START_METHOD
+from ..launcher.options import DEFAULT_TIMEOUT_S, check_common_options
+from ..launcher.rank_spec import RankSpec
 from .models import TASKS, effective_seed, resolve_task_factory
 
 __all__ = ["COMPILE_BACKEND", "COMPILE_MODES", "ExperimentConfig", "fsdp2_hooks"]
@@ -114,6 +114,15 @@ class ExperimentConfig:
         ``local=False`` when the ranks are given (torchrun, accelerate launch, inside a rank):
         this machine's limits (how many ranks, a GPU per rank here) are then not the lab's to check.
         """
+        return self.checked(local)[0]
+
+    def rank_spec(self) -> RankSpec:
+        """The ranks this run needs on this machine, checked (:class:`~commhooks_lab.launcher.RankSpec`)."""
+        return RankSpec(self.world_size, self.backend, self.timeout_s, self.link)
+
+    def checked(self, local: bool = True) -> tuple[HookChoice, RankSpec | None]:
+        """:meth:`check`, and the ranks the run needs (made once, here; None when ``local=False``)."""
+        spec = None
         if not isinstance(self.state_options, dict) or not all(isinstance(k, str) for k in self.state_options):
             raise TypeError(
                 "state_options must be a dict of option names to values, e.g. {'matrix_approximation_rank': 2}, "
@@ -123,8 +132,8 @@ class ExperimentConfig:
         resolve_task_factory(self.model)
         effective_seed(0)  # a bad COMMHOOKS_LAB_SEED_SET is refused here, not in every rank after they start
         if local:
-            backend = check_launch_options(self.world_size, self.backend, self.timeout_s, "spawn")
-            _check_link_carries_the_model(self, check_link(self.link, DEFAULT_START_METHOD, backend))
+            spec = self.rank_spec()
+            _check_link_carries_the_model(self, spec.link)
         else:
             check_common_options(self.world_size, self.backend, self.timeout_s)
             if self.link is not None:
@@ -154,7 +163,7 @@ class ExperimentConfig:
             _check_fsdp2(choice)
         _check_compile(self, choice)
         self._check_checkpointing(choice)
-        return choice
+        return choice, spec
 
     def _check_checkpointing(self, choice: HookChoice) -> None:
         if self.checkpoint_at is None and self.resume_from is None:

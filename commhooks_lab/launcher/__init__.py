@@ -11,6 +11,8 @@ from .cluster import Cluster
 from .errors import WorkerError, WorkerTimeoutError
 from .one_shot import launch
 from .rank_process import WorkerContext
+from .rank_spec import RankSpec
+from .ranks import Ranks
 from .torchrun import launch_from_env, under_torchrun
 
 __all__ = [
@@ -20,6 +22,8 @@ __all__ = [
     "WorkerTimeoutError",
     "launch",
     "launch_from_env",
+    "Ranks",
+    "RankSpec",
     "selfcheck",
     "under_torchrun",
 ]

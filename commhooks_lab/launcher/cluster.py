@@ -10,11 +10,9 @@ and turns a hang into an error naming the rank the others waited for.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import pickle
-import signal
 import sys
 import threading
 import time
@@ -23,15 +21,15 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from . import isolation, rank_process, rank_server
-from .collective_log import left_out
+from . import forensics, isolation, rank_process, rank_server
 from .environment import child_environment, patched_environ
-from .errors import OtherRankFailed, RankFailure, WorkerError, WorkerTimeoutError, explain_death
-from .limits import process_limit_cause, thread_refused_cause
+from .errors import RankFailure
+from .limits import thread_refused_cause
 from .link_spec import Link
-from .oom import killed_for_memory, oom_kills
-from .options import DEFAULT_TIMEOUT_S, check_common_options, check_environment, check_launch_options, check_link
+from .oom import oom_kills
+from .options import DEFAULT_START_METHOD, DEFAULT_TIMEOUT_S, check_environment, check_timeout
 from .rank_logs import RankLog, stderr_into
+from .rank_spec import RankSpec
 from .step_watch import StepWatch
 from .store import PrivateRendezvous
 
@@ -71,33 +69,6 @@ def serialize_task(fn: Callable, args: tuple) -> bytes:
             f"cannot send {getattr(fn, '__name__', fn)!r} and its arguments to the worker processes: {exc}. "
             "Pass plain data (numbers, strings, tensors, dataclasses), not open files, locks or processes."
         ) from exc
-
-
-def _describe_exit(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "is still running"
-    if exitcode < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-exitcode).name} ({exitcode})"
-        except ValueError:
-            return f"was killed by signal {-exitcode}"
-    return f"exited with code {exitcode}"
-
-
-_COMM_ECHO = ("connection closed", "connection reset", "broken pipe", "gloo", "nccl", "timed out")
-
-
-def _is_echo(f: RankFailure) -> bool:
-    """A communication error that only reflects another rank's failure (a peer hung up, timed out)."""
-    if f.how == "raised" and f.summary.startswith(f"raised {OtherRankFailed.__name__}:"):
-        return True
-    return f.how == "raised" and any(s in f.summary.lower() for s in _COMM_ECHO)
-
-
-def _root_cause_first(failures: list[RankFailure]) -> list[RankFailure]:
-    """Order failures: real exceptions, then deaths, then echoes; the lower rank breaks ties
-    (arrival order would make the same failure read differently from run to run)."""
-    return sorted(failures, key=lambda f: (2 if _is_echo(f) else (1 if f.how == "died" else 0), f.rank))
 
 
 class _Delivery:
@@ -140,41 +111,6 @@ class _Delivery:
             return sorted(self._unsent)
 
 
-def _not_reading(ranks: list[int], timeout_s: float, failures: list[RankFailure]) -> WorkerTimeoutError:
-    summary = (
-        f"never took its task: {timeout_s:g} s after the run began its pipe was still full, so the process is not "
-        "reading (stopped with SIGSTOP or Ctrl-Z, frozen, or swapped out)"
-        + (f"; also not reading: ranks {ranks[1:]}" if len(ranks) > 1 else "")
-    )
-    others = _root_cause_first(failures) if failures else None
-    return WorkerTimeoutError(RankFailure(ranks[0], "timeout", summary), others)
-
-
-def _left_out(failures: list[RankFailure], timed_out: frozenset, world_size: int) -> WorkerTimeoutError | None:
-    """Every rank timed out in a collective, and one's collectives stopped following its own last step: that one."""
-    if len(timed_out) < world_size:
-        return None
-    logs = {f.rank: f.collectives for f in failures if f.rank in timed_out and f.collectives}
-    culprits = left_out(logs)
-    if not culprits:
-        return None
-    log = logs[culprits[0]]
-    others = _ranks_text(r for r in range(world_size) if r not in culprits)
-    summary = (
-        f"fell out of step with the others' collectives (by step {log['step']} it called {log['current'][:4]} where "
-        f"its step before began {log['previous'][:4]}, while {others} kept to the pattern and waited): a rank that "
-        "leaves out or adds a collective, such as a hook that skips one on some ranks, pairs every later one wrongly "
-        "until gloo's timeout"
-    )
-    rest = [f for f in failures if f.rank != culprits[0]]
-    return WorkerTimeoutError(RankFailure(culprits[0], "timeout", summary, step=log["step"]), rest)
-
-
-def _ranks_text(ranks) -> str:
-    ranks = sorted(ranks)
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
-
-
 def _start_helpers(start_method: str) -> None:
     """Start multiprocessing's helper processes now, so they never inherit a rank's stderr file."""
     if start_method == "fork":
@@ -213,7 +149,7 @@ def _shutdown(procs: list, conns: list, store_holder: list, logs: list, graceful
                 last = logs[rank].tail(1) if rank < len(logs) else ""
                 said = f' (its last words on stderr: "{last.strip()}")' if last.strip() else ""
                 notes.append(
-                    f"rank {rank} {_describe_exit(p.exitcode)} during teardown, after it had delivered "
+                    f"rank {rank} {forensics.describe_exit(p.exitcode)} during teardown, after it had delivered "
                     f"all its results: nothing was lost{said}"
                 )
     for conn in conns:
@@ -249,21 +185,19 @@ class Cluster:
 
     def __init__(
         self,
-        world_size: int = 2,
+        world_size: int | RankSpec = 2,
         *,
         backend: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        start_method: str = rank_server.DEFAULT_START_METHOD,
+        start_method: str = DEFAULT_START_METHOD,
         env: dict[str, str] | None = None,
         link: str | Link | None = None,
     ):
-        self.backend = check_launch_options(world_size, backend, timeout_s, start_method)
-        self.link = check_link(link, start_method, self.backend)
+        """``Cluster(2, link="100mbit")``, or ``Cluster(spec)`` with a :class:`~.rank_spec.RankSpec` that says all."""
+        #: Which ranks these are (checked when it was made): the session's key, and what each rank receives.
+        self.spec = as_rank_spec(world_size, backend, timeout_s, link, start_method)
         #: Do the ranks share a private network no other account can reach (:mod:`.isolation`)? A link implies it.
-        self.private = self.link is not None or isolation.isolates(self.backend, start_method)
-        self.world_size = int(world_size)
-        self.timeout_s = float(timeout_s)
-        self.start_method = start_method
+        self.private = self.link is not None or isolation.isolates(self.backend, self.start_method)
         self.env = child_environment(check_environment(env))
         self.teardown_notes: list[str] = []
         self.starts = 0
@@ -277,6 +211,26 @@ class Cluster:
         self._turn = threading.Lock()
         self._oom_before: int | None = None  # the OOM killer's count when the current wait began
         self.start()
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
+
+    @property
+    def backend(self) -> str:
+        return self.spec.backend
+
+    @property
+    def timeout_s(self) -> float:
+        return self.spec.timeout_s
+
+    @property
+    def link(self) -> Link | None:
+        return self.spec.link
+
+    @property
+    def start_method(self) -> str:
+        return self.spec.start_method
 
     # -- lifecycle ---------------------------------------------------------------------
     @property
@@ -317,17 +271,7 @@ class Cluster:
         self._logs.append(rank_log)
         proc = process_class(
             target=rank_process.worker_main,
-            args=(
-                rank,
-                self.world_size,
-                self.backend,
-                store,
-                self.timeout_s,
-                child_end,
-                rank_log.path,
-                environ,
-                self.link,
-            ),
+            args=(self.spec, rank, store, child_end, rank_log.path, environ),
             name=f"commhooks-rank{rank}",
             daemon=True,
         )
@@ -380,16 +324,9 @@ class Cluster:
         self._finalizer = None
 
     def sibling(self) -> Cluster:
-        """Another set of ranks made like this one (world size, backend, timeout, link, start method, environment),
-        started now: its runs give the same numbers as this one's."""
-        return Cluster(
-            self.world_size,
-            backend=self.backend,
-            timeout_s=self.timeout_s,
-            start_method=self.start_method,
-            env=self.env,
-            link=self.link,
-        )
+        """Another set of ranks made like this one (its spec and environment), started now: its runs give the same
+        numbers as this one's."""
+        return Cluster(self.spec, env=self.env)
 
     def close(self) -> None:
         """Stop every rank and reap it; safe to call twice."""
@@ -416,8 +353,7 @@ class Cluster:
     def run_serialized(
         self, payload: bytes, *, timeout_s: float | None = None, on_event: EventCallback | None = None
     ) -> list:
-        timeout = self.timeout_s if timeout_s is None else timeout_s
-        check_common_options(self.world_size, None, timeout)
+        timeout = self.timeout_s if timeout_s is None else check_timeout(timeout_s)  # the spec's is checked
         with self._turn:  # a second thread's run waits here for this one to end (as a second cell would)
             return self._run_turn(payload, timeout, on_event)
 
@@ -445,172 +381,114 @@ class Cluster:
     def _wait_for(
         self, expected: str, timeout_s: float, on_event: EventCallback | None, delivery: _Delivery | None
     ) -> list:
-        results: list = [None] * self.world_size
-        pending = set(range(self.world_size))
         self._oom_before = oom_kills()
-        failures: list[RankFailure] = []
-        watch = StepWatch(self.world_size)
-        last_sign_of_life = time.monotonic()
-        grace_until = None
+        waiting = _Waiting(self.world_size, expected, on_event)
         phase = "starting" if expected == rank_process.READY else "working"
-
-        def handle(rank: int, data: bytes) -> None:
-            nonlocal last_sign_of_life
-            kind, _, payload = pickle.loads(data)
-            last_sign_of_life = time.monotonic()
-            if kind == rank_process.HEARTBEAT:
-                watch.beat(rank, payload, last_sign_of_life)
-            elif kind == rank_process.ALIVE:
-                pass  # busy, not stuck: the time of this message is all it says
-            elif kind == rank_process.EVENT:
-                if on_event is not None:
-                    on_event(rank, payload)
-            elif kind == expected:
-                results[rank] = payload
-                pending.discard(rank)
-                watch.finished(rank)
-            elif kind == rank_process.ERROR:
-                failures.append(
-                    RankFailure(
-                        rank,
-                        "raised",
-                        f"raised {payload['type']}: {payload['message']}",
-                        payload["traceback"],
-                        collectives=payload.get("collectives"),
-                        detail=thread_refused_cause(payload["message"]),
-                    )
-                )
-                pending.discard(rank)
-
-        while pending:
+        unsent = delivery.unsent if delivery is not None else list
+        grace_until = None
+        while waiting.pending:
             now = time.monotonic()
             # A rank that shows progress (heartbeats, events) keeps the run alive: timeout_s bounds silence.
-            deadline = last_sign_of_life + timeout_s + WATCHDOG_MARGIN_S + watch.longest_step_s
-            if failures:
+            deadline = waiting.deadline(timeout_s)
+            if waiting.failures:
                 grace_until = grace_until or now + FAILURE_GRACE_S
                 if now >= grace_until:
                     break
             if now >= deadline:
-                unsent = delivery.unsent() if delivery is not None else []
-                if unsent:
-                    raise _not_reading(unsent, timeout_s, failures)
-                raise self._hang(watch, sorted(pending), timeout_s, failures, watchdog=True)
-            until = min(deadline, grace_until) if grace_until else deadline
+                silent = sorted(waiting.pending)
+                raise forensics.silence(waiting.watch, silent, timeout_s, waiting.failures, self.world_size, unsent())
             # Wake up often: to say which rank is behind, and because Ctrl-C that lands on another thread of the
             # kernel does not interrupt this wait (Python raises it only when the main thread runs again).
-            until = min(until, now + INTERRUPT_CHECK_S)
-            by_conn = {self._conns[r]: r for r in pending}
-            by_sentinel = {self._procs[r].sentinel: r for r in pending}
-            for obj in wait(list(by_conn) + list(by_sentinel), timeout=max(0.0, until - now)):
-                if obj in by_conn:
-                    rank = by_conn[obj]
-                    if rank in pending:
-                        try:
-                            handle(rank, obj.recv_bytes())  # type: ignore[union-attr]
-                        except (EOFError, OSError):
-                            pass  # the sentinel reports the death
-                else:
-                    rank = by_sentinel[obj]
-                    conn = self._conns[rank]
-                    with contextlib.suppress(EOFError, OSError):
-                        while rank in pending and conn.poll():
-                            handle(rank, conn.recv_bytes())
-                    if rank in pending:
-                        failures.append(self._death(rank, phase))
-                        pending.discard(rank)
-            if not failures:
-                stall = watch.stall_message(time.monotonic(), STALL_REPORT_S, timeout_s)
+            until = min(deadline, grace_until or deadline, now + INTERRUPT_CHECK_S)
+            self._receive(waiting, max(0.0, until - now), phase)
+            if not waiting.failures:
+                stall = waiting.watch.stall_message(time.monotonic(), STALL_REPORT_S, timeout_s)
                 if stall:
                     _say(stall)
-        if failures:
-            first, *others = _root_cause_first(failures)
-            unsent = delivery.unsent() if delivery is not None else []
-            if unsent and _is_echo(first):  # the others gave up waiting for a rank that never got its task
-                raise _not_reading(unsent, timeout_s, failures)
-            if _is_echo(first):  # a rank gave up waiting in a collective: name the one it waited for
-                hang = self._hang(watch, sorted(pending), timeout_s, failures, watchdog=False)
-                if hang is not None:
-                    raise hang
-            raise WorkerError(self._rendezvous_gone(first), others)
-        return results
-
-    def _rendezvous_gone(self, failure: RankFailure) -> RankFailure:
-        """``failure``, explained if the ranks' rendezvous folder was removed under them (their store then fails
-        with a bare "No such file or directory")."""
-        gone = [r.folder for r in self._store if not os.path.isdir(r.folder)]
-        if not gone or failure.detail:
-            return failure
-        detail = (
-            f"the ranks' rendezvous folder {gone[0]} was removed while they ran (by hand, or a temp-folder cleaner), "
-            "and their store's file with it; the next run starts new ranks with a new one"
-        )
-        return dataclasses.replace(failure, detail=detail)
-
-    def _death(self, rank: int, phase: str) -> RankFailure:
-        """A rank that ended without a Python exception: how, and what it last wrote to stderr."""
-        proc = self._procs[rank]
-        proc.join(1.0)
-        tail = self._logs[rank].tail() if rank < len(self._logs) else ""
-        if not tail and self._server is not None:  # it died before it took its own stderr: the server has it
-            tail = self._server.log.tail()
-        summary = f"{_describe_exit(proc.exitcode)} while {phase}"
-        explanation = explain_death(tail)
-        if explanation:
-            summary += ", before it could run your code"
-        elif self._server is not None and self._server_died():
-            explanation = (
-                f"the rank server (pid {self._server.pid}) that forked it died first, and a rank leaves with its "
-                "server; the next run starts a new server (start_method='spawn' needs none)"
+        if waiting.failures:
+            raise forensics.failed(
+                waiting.failures,
+                waiting.watch,
+                sorted(waiting.pending),
+                timeout_s,
+                self.world_size,
+                unsent(),
+                [r.folder for r in self._store],
             )
-        elif proc.exitcode == -signal.SIGKILL:
-            for_memory, counted = killed_for_memory(self._oom_before)
-            explanation = (
-                f"{counted}: this rank was most likely the one killed, for memory. Use a smaller model or batch, "
-                "fewer ranks, or close other programs; in a container, raise its memory limit"
-                if for_memory
-                else f"something outside the lab sent SIGKILL ({counted})"
-                if counted
-                else ""
-            )
-        explanation = explanation or process_limit_cause()  # gloo aborts a rank it could not give its threads
-        return RankFailure(rank, "died", summary, stderr_tail=tail, detail=explanation)
+        return waiting.results
 
-    def _server_died(self, settle_s: float = 0.5) -> bool:
-        """Did the rank server die? Asked for a moment: its ranks can notice before it is a zombie we can see."""
-        assert self._server is not None
-        deadline = time.monotonic() + settle_s
-        while self._server.running():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
-        return True
+    def _receive(self, waiting: _Waiting, timeout: float, phase: str) -> None:
+        """What the pending ranks send within ``timeout``; a rank whose process ended is reported as a death."""
+        by_conn = {self._conns[r]: r for r in waiting.pending}
+        by_sentinel = {self._procs[r].sentinel: r for r in waiting.pending}
+        for obj in wait(list(by_conn) + list(by_sentinel), timeout=timeout):
+            if obj in by_conn:
+                rank = by_conn[obj]
+                if rank in waiting.pending:
+                    with contextlib.suppress(EOFError, OSError):  # the sentinel reports the death
+                        waiting.handle(rank, obj.recv_bytes())  # type: ignore[union-attr]
+                continue
+            rank = by_sentinel[obj]
+            conn = self._conns[rank]
+            with contextlib.suppress(EOFError, OSError):
+                while rank in waiting.pending and conn.poll():
+                    waiting.handle(rank, conn.recv_bytes())
+            if rank in waiting.pending:
+                log = self._logs[rank] if rank < len(self._logs) else None
+                proc = self._procs[rank]
+                waiting.failures.append(forensics.death(rank, proc, log, self._server, phase, self._oom_before))
+                waiting.pending.discard(rank)
 
-    def _hang(self, watch: StepWatch, silent: list[int], timeout_s: float, failures: list, *, watchdog: bool):
-        """The error for ranks that stopped making progress (None if nothing points at a rank)."""
-        timed_out = frozenset(f.rank for f in failures if _is_echo(f))
-        skipped = _left_out(failures, timed_out, self.world_size)
-        if skipped is not None:
-            return skipped
-        cause = process_limit_cause()  # the real cause, where the hang is the process limit's doing
-        verdict = watch.verdict(silent, timeout_s, timed_out)
-        if verdict is not None:
-            listed = f" (ranks the others waited for: {verdict.ranks})" if len(verdict.ranks) > 1 else ""
-            summary = verdict.summary + listed
-            failure = RankFailure(verdict.ranks[0], "timeout", summary, step=verdict.step, detail=cause)
-            return WorkerTimeoutError(failure, _root_cause_first(failures) if failures else None)
-        if not silent:
-            return None
-        where = f" (every rank had reached step {max(watch.reached.values())})" if watch.active else ""
-        if watchdog:
-            summary = (
-                f"gave no answer within timeout_s={timeout_s:g} s (ranks without an answer: {silent}){where}; "
-                "a rank that never joins a collective hangs the others"
+
+class _Waiting:
+    """One wait for every rank's ``expected`` message: the values come in, the failures, the signs of life."""
+
+    def __init__(self, world_size: int, expected: str, on_event: EventCallback | None):
+        self.expected, self.on_event = expected, on_event
+        self.results: list = [None] * world_size
+        self.pending = set(range(world_size))
+        self.failures: list[RankFailure] = []
+        self.watch = StepWatch(world_size)
+        self.last_sign_of_life = time.monotonic()
+
+    def deadline(self, timeout_s: float) -> float:
+        """When the watchdog fires: ``timeout_s`` of silence, its margin, and the longest step seen."""
+        return self.last_sign_of_life + timeout_s + WATCHDOG_MARGIN_S + self.watch.longest_step_s
+
+    def handle(self, rank: int, data: bytes) -> None:
+        kind, _, payload = pickle.loads(data)
+        self.last_sign_of_life = time.monotonic()
+        if kind == rank_process.HEARTBEAT:
+            self.watch.beat(rank, payload, self.last_sign_of_life)
+        elif kind == rank_process.ALIVE:
+            pass  # busy, not stuck: the time of this message is all it says
+        elif kind == rank_process.EVENT:
+            if self.on_event is not None:
+                self.on_event(rank, payload)
+        elif kind == self.expected:
+            self.results[rank] = payload
+            self.pending.discard(rank)
+            self.watch.finished(rank)
+        elif kind == rank_process.ERROR:
+            self.failures.append(
+                RankFailure(
+                    rank,
+                    "raised",
+                    f"raised {payload['type']}: {payload['message']}",
+                    payload["traceback"],
+                    collectives=payload.get("collectives"),
+                    detail=thread_refused_cause(payload["message"]),
+                )
             )
-            return WorkerTimeoutError(RankFailure(silent[0], "timeout", summary, detail=cause), failures)
-        first = _root_cause_first(failures)[0]
-        summary = (
-            f"gave no answer (ranks without an answer: {silent}) while rank {first.rank} gave up "
-            f"waiting for it in a collective{where}: a rank that never joins a collective hangs the others"
-        )
-        failure = RankFailure(silent[0], "timeout", summary, detail=cause)
-        return WorkerTimeoutError(failure, _root_cause_first(failures))
+            self.pending.discard(rank)
+
+
+def as_rank_spec(
+    world_size: int | RankSpec, backend: str | None, timeout_s: float, link: str | Link | None, start_method: str
+) -> RankSpec:
+    """A :class:`RankSpec` as given, or made from the separate options (a spec and options at once are refused)."""
+    if not isinstance(world_size, RankSpec):
+        return RankSpec(world_size, backend, timeout_s, link, start_method)
+    if (backend, timeout_s, link, start_method) != (None, DEFAULT_TIMEOUT_S, None, DEFAULT_START_METHOD):
+        raise TypeError("pass a RankSpec or the options (backend=, timeout_s=, link=, start_method=), not both")
+    return world_size

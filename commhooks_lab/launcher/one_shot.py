@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .cluster import Cluster, EventCallback, serialize_task
-from .options import DEFAULT_TIMEOUT_S, check_launch_options
-from .rank_server import DEFAULT_START_METHOD
+from .options import DEFAULT_START_METHOD, DEFAULT_TIMEOUT_S
+from .rank_spec import RankSpec
 
 __all__ = ["launch"]
 
@@ -28,7 +28,7 @@ def launch(
     ``timeout_s`` bounds how long the ranks may go without a sign of life (a heartbeat, an
     event, a result). For repeated runs keep a :class:`~commhooks_lab.Cluster`: it skips the start-up.
     """
-    check_launch_options(world_size, backend, timeout_s, start_method)
+    spec = RankSpec(world_size, backend, timeout_s, start_method=start_method)
     payload = serialize_task(fn, args)  # refuse unpicklable input before any process starts
-    with Cluster(world_size, backend=backend, timeout_s=timeout_s, start_method=start_method) as cluster:
+    with Cluster(spec) as cluster:
         return cluster.run_serialized(payload, on_event=on_event)

@@ -11,17 +11,24 @@ import math
 import multiprocessing
 import numbers
 import os
+import sys
 
 __all__ = [
     "check_common_options",
     "check_environment",
     "check_launch_options",
     "check_link",
+    "check_timeout",
+    "DEFAULT_START_METHOD",
     "DEFAULT_TIMEOUT_S",
     "max_local_world_size",
 ]
 
 BACKENDS = ("gloo", "nccl")
+#: How the lab starts ranks unless told: its rank server on Linux, where it is measured and tested
+#: (:mod:`.rank_server`). Elsewhere spawn stays the default (on macOS, forking after torch and Apple's Accelerate
+#: framework have loaded is not known to be safe); ``start_method="forkserver"`` asks for the server anywhere.
+DEFAULT_START_METHOD = "forkserver" if sys.platform.startswith("linux") else "spawn"
 #: Lessons wait this long for a silent rank: long enough for a step, short enough to stay in the lesson.
 DEFAULT_TIMEOUT_S = 30.0
 #: A wait longer than a week is a mistake, not a lesson (and ``timedelta`` overflows long before infinity).
@@ -47,6 +54,15 @@ def check_common_options(world_size, backend, timeout_s) -> None:
         raise TypeError(f"world_size must be a positive int (number of ranks), got {world_size!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
+    check_timeout(timeout_s)
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(
+            f"unknown backend {backend!r}; choose 'gloo' (CPU) or 'nccl' (one GPU per rank), or None to pick"
+        )
+
+
+def check_timeout(timeout_s):
+    """``timeout_s`` as given, if it is a number of seconds the ranks can meet in and a ``timedelta`` can hold."""
     if (
         isinstance(timeout_s, bool)
         or not isinstance(timeout_s, numbers.Real)
@@ -62,10 +78,7 @@ def check_common_options(world_size, backend, timeout_s) -> None:
             f"timeout_s={timeout_s!r} is shorter than the ranks can meet in: give at least "
             f"{MIN_TIMEOUT_S:g} s (the default is {DEFAULT_TIMEOUT_S:g})"
         )
-    if backend is not None and backend not in BACKENDS:
-        raise ValueError(
-            f"unknown backend {backend!r}; choose 'gloo' (CPU) or 'nccl' (one GPU per rank), or None to pick"
-        )
+    return timeout_s
 
 
 def check_environment(env) -> dict[str, str]:

@@ -11,32 +11,32 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
 import threading
+from collections.abc import Callable, Iterable
 
 from . import rank_server
 
 __all__ = ["start"]
 
-#: What a run's ranks import: the rank server loads it once.
-RANK_MODULES = ("numpy", "commhooks_lab.engine.dispatch")
-#: What a run imports in the notebook's own process (torch, pandas and the engine come with it).
-KERNEL_MODULES = ("commhooks_lab.experiment",)
 #: At exit, wait this long for the background imports (a daemon thread stopped inside an import can crash).
 JOIN_AT_EXIT_S = 30.0
 
 
-def _import_all(modules: tuple[str, ...]) -> None:
-    for name in modules:
-        with contextlib.suppress(Exception):  # the real import, later, says what is wrong
-            importlib.import_module(name)
+def _quietly(imports: Callable[[], object]) -> None:
+    with contextlib.suppress(Exception):  # the real import, later, says what is wrong
+        imports()
 
 
-def start() -> None:
-    """Start the rank server and the background imports, where :func:`why_not_prewarm` allows."""
-    rank_server.preload(*RANK_MODULES)
-    if rank_server.prewarm() is None:
+def start(rank_modules: Iterable[str] = (), kernel_imports: Callable[[], object] | None = None) -> None:
+    """Start the rank server and the background imports, where :func:`why_not_prewarm` allows.
+
+    The launcher knows nothing above it, so the package hands it what to load: ``rank_modules``, the modules a
+    run's ranks import (the rank server loads them once, by name: it is another interpreter), and
+    ``kernel_imports``, which imports a run's share in this process, on a background thread.
+    """
+    rank_server.preload(*rank_modules)
+    if rank_server.prewarm() is None or kernel_imports is None:
         return
-    thread = threading.Thread(target=_import_all, args=(KERNEL_MODULES,), name="commhooks-prewarm", daemon=True)
+    thread = threading.Thread(target=_quietly, args=(kernel_imports,), name="commhooks-prewarm", daemon=True)
     thread.start()
     atexit.register(thread.join, JOIN_AT_EXIT_S)

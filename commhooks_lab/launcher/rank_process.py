@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from .collective_log import CollectiveLog
+from .rank_spec import RankSpec
 
 __all__ = ["init_process_group", "worker_main", "WorkerContext"]
 
@@ -162,21 +163,13 @@ def init_process_group(rank: int, world_size: int, backend: str, store, timeout_
 
 
 def worker_main(
-    rank: int,
-    world_size: int,
-    backend: str,
-    store_path: str,
-    timeout_s: float,
-    conn,
-    stderr_path: str | None = None,
-    environ: dict[str, str] | None = None,
-    link: Any = None,
+    spec: RankSpec, rank: int, store_path: str, conn, stderr_path: str | None = None, environ: dict | None = None
 ) -> None:
-    """Entry point of one rank started by :class:`commhooks_lab.Cluster`.
+    """Entry point of one rank started by :class:`commhooks_lab.Cluster`: rank ``rank`` of the ranks ``spec`` says.
 
     ``store_path``: the FileStore the ranks meet in (:class:`~.store.PrivateRendezvous`). ``environ``: the
     whole environment this rank must see (a rank forked by the rank server inherited the server's; spawned
-    ranks copied the notebook's already). ``link``: a :class:`~.link.Link` to sit behind; the rank was
+    ranks copied the notebook's already). ``spec.link``: a :class:`~.link_spec.Link` to sit behind; the rank was
     forked inside the private network, and makes its own namespace and link first of all.
     """
     import signal
@@ -193,10 +186,10 @@ def worker_main(
     _exit_when_orphaned()
     channel = Channel(conn, rank)
     try:
-        if link is not None:
+        if spec.link is not None:
             from .netns_switch import join
 
-            os.environ["GLOO_SOCKET_IFNAME"] = join(link)  # gloo's only way out of this rank's namespace
+            os.environ["GLOO_SOCKET_IFNAME"] = join(spec.link)  # gloo's only way out of this rank's namespace
         import cloudpickle
         import torch
         import torch.distributed as dist
@@ -205,6 +198,7 @@ def worker_main(
         channel.collectives.install()
         # What torchrun would set, so code written for a real cluster finds its bearings (there is no
         # MASTER_PORT: the group exists already, and its store is a file, not a port).
+        world_size, timeout_s = spec.world_size, spec.timeout_s
         os.environ.update(
             {
                 "RANK": str(rank),
@@ -217,11 +211,11 @@ def worker_main(
         os.environ.pop("MASTER_PORT", None)
         store = dist.FileStore(store_path, world_size)
         store.set_timeout(timedelta(seconds=timeout_s))
-        device = init_process_group(rank, world_size, backend, store, timeout_s)
+        device = init_process_group(rank, world_size, spec.backend, store, timeout_s)
         ctx = WorkerContext(
             rank,
             world_size,
-            backend,
+            spec.backend,
             device,
             local_rank=rank,
             _sink=lambda event: channel.send(EVENT, event),
@@ -248,7 +242,7 @@ def worker_main(
             channel.send(RESULT, value)
     if dist.is_initialized():  # a task (a %%ddp cell) may have destroyed it already: that is reported there
         dist.destroy_process_group()
-    if link is not None:
+    if spec.link is not None:
         from .netns_switch import leave
 
         leave()

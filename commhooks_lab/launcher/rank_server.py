@@ -32,6 +32,7 @@ from typing import Any
 
 from .environment import PREWARM_VARIABLE, child_environment, import_time_part, patched_environ
 from .netns_switch import HOST_VARIABLE
+from .options import DEFAULT_START_METHOD
 from .rank_logs import RankLog, stderr_into
 
 __all__ = [
@@ -59,10 +60,6 @@ PRELOAD = (
     "commhooks_lab.launcher.rank_process",
     __name__,
 )
-#: The default start method of :class:`~commhooks_lab.Cluster`: this server on Linux, where it is measured and
-#: tested. Elsewhere spawn stays the default (on macOS, forking after torch and Apple's Accelerate framework
-#: have loaded is not known to be safe); ``start_method="forkserver"`` asks for the server anywhere it exists.
-DEFAULT_START_METHOD = "forkserver" if sys.platform.startswith("linux") else "spawn"
 #: How long a rank may wait for the server to fork it (the first time: until the server has imported torch).
 FORK_TIMEOUT_S = 120.0
 

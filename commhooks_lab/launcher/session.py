@@ -1,4 +1,4 @@
-"""The warm session: one live :class:`~commhooks_lab.Cluster` per (world size, backend) for the whole kernel.
+"""The warm session: one live :class:`~commhooks_lab.Cluster` per :class:`~.rank_spec.RankSpec` for the whole kernel.
 
 ``lab.run``, ``lab.compare`` and ``HookLab`` hand their work to it, so only the first run of a
 kernel pays for starting ranks; every run builds its model, data, DDP and hook state from scratch
@@ -14,43 +14,50 @@ import atexit
 import contextlib
 import threading
 
-from . import Cluster
-from .options import DEFAULT_TIMEOUT_S, check_launch_options, check_link
-from .rank_server import DEFAULT_START_METHOD
+from .cluster import Cluster, as_rank_spec
+from .link_spec import Link
+from .options import DEFAULT_START_METHOD, DEFAULT_TIMEOUT_S
+from .rank_spec import RankSpec
 
 __all__ = ["active", "close", "get_cluster", "warm"]
 
 _lock = threading.Lock()
-_clusters: dict[tuple[int, str, str | None], Cluster] = {}
+_clusters: dict[RankSpec, Cluster] = {}
 _warming: list[threading.Thread] = []
 
 
 def get_cluster(
-    world_size: int = 2, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, link: str | None = None
+    world_size: int | RankSpec = 2,
+    backend: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    link: str | Link | None = None,
 ) -> Cluster:
-    """The session's Cluster for ``world_size`` ranks on ``backend`` (None: nccl with a GPU per rank, else gloo),
-    behind ``link`` (None: the machine's loopback), one per link.
+    """The session's Cluster for a :class:`~.rank_spec.RankSpec` (or for ``world_size`` ranks on ``backend``,
+    None: nccl with a GPU per rank, else gloo; behind ``link``, None: the machine's loopback).
 
     Started on first use. ``timeout_s`` is fixed in the ranks' process group when they join it,
     so asking with another value replaces the Cluster (a new start).
     """
-    resolved = check_launch_options(world_size, backend, timeout_s, DEFAULT_START_METHOD)
-    parsed = check_link(link, DEFAULT_START_METHOD, resolved)
-    key = (int(world_size), resolved, parsed.spec if parsed is not None else None)
+    spec = as_rank_spec(world_size, backend, timeout_s, link, DEFAULT_START_METHOD)
     with _lock:
-        cluster = _clusters.get(key)
-        if cluster is not None and cluster.timeout_s != float(timeout_s):
-            del _clusters[key]
-            cluster.close()
-            cluster = None
+        cluster = _clusters.get(spec)
         if cluster is None:
-            cluster = Cluster(world_size, backend=resolved, timeout_s=timeout_s, link=parsed)
-            _clusters[key] = cluster
+            for other in [s for s in _clusters if _but_timeout(s) == _but_timeout(spec)]:
+                _clusters.pop(other).close()
+            cluster = _clusters[spec] = Cluster(spec)
         return cluster
 
 
+def _but_timeout(spec: RankSpec) -> tuple:
+    """A spec less its timeout: the session keeps one set of ranks for each, and a new timeout replaces it."""
+    return (spec.world_size, spec.backend, spec.link, spec.start_method)
+
+
 def warm(
-    world_size: int = 2, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, link: str | None = None
+    world_size: int | RankSpec = 2,
+    backend: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    link: str | Link | None = None,
 ) -> None:
     """Start the session's ranks in the background, so the next run finds them ready (HookLab does,
     while you read its controls). A failure here is left for that run to report."""

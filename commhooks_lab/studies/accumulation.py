@@ -16,7 +16,6 @@ the ranks' gradients bit for bit: a hook or a setting that silently stops reduci
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 __all__ = ["accumulation_table"]
@@ -101,11 +100,12 @@ def accumulation_table(
     compares every rank's gradient after the step's synced backward)."""
     import pandas as pd
 
-    from ..launcher import Cluster
+    from ..launcher import Ranks, RankSpec
 
     rows = []
-    with Cluster(world_size=2) if cluster is None else contextlib.nullcontext(cluster) as ranks:
+    with Ranks(cluster, fresh=cluster is None) as ranks:  # yours, else ranks of its own
+        two = ranks(RankSpec(2))
         for hook in hooks:
             for k in micro_batches:
-                rows += ranks.run(_rank_accumulate, hook, k, steps, static_graph, warm_sync)[0]
+                rows += two.run(_rank_accumulate, hook, k, steps, static_graph, warm_sync)[0]
     return pd.DataFrame(rows)

@@ -64,10 +64,11 @@ def headroom_study(model: str = "cnn", steps: int = 40, warmup_steps: int = 10, 
     """
     changes.setdefault("measure", False)
     cluster = changes.pop("cluster", None)
-    if cluster is None:
-        from ..launcher import Cluster
+    if cluster is None:  # ranks of its own, as the runs ask for them (world size, link, backend, timeout)
+        from ..launcher import Ranks
 
-        with Cluster(changes.get("world_size", 2)) as own:
+        with Ranks(fresh=True) as ranks:
+            own = ranks(ExperimentConfig(model=model, **changes).rank_spec())
             return headroom_study(model, steps, warmup_steps, cluster=own, **changes)
     if warmup_steps:
         compare(["noop"], steps=warmup_steps, model=model, cluster=cluster, **changes)

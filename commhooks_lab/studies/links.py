@@ -30,7 +30,7 @@ import pandas as pd
 
 from ..engine.config import ExperimentConfig
 from ..experiment import compare
-from ..launcher import Cluster, netns_switch
+from ..launcher import Cluster, Ranks, RankSpec, netns_switch
 from ..launcher.link_spec import as_link, payload_share
 from ..result import Result, ResultSet, _frame_from_json, _frame_to_json, from_json
 from . import network, recorded
@@ -115,13 +115,8 @@ def measure_link(
     rate = parsed.rate_bits if parsed.rate_bits is not None else 4e9
     ring = 2 * (world_size - 1) / world_size
     floats = min(MAX_FLOATS, max(1 << 16, int(rate * payload_share() * seconds / 8 / 4 / ring)))
-    own = cluster is None
-    ranks = Cluster(world_size, link=parsed) if cluster is None else cluster
-    try:
-        row = ranks.run(_link_job, floats, 20, transfers)[0]
-    finally:
-        if own:
-            ranks.close()
+    with Ranks(cluster, fresh=cluster is None) as ranks:  # yours, else ranks of its own
+        row = ranks(RankSpec(world_size, link=parsed)).run(_link_job, floats, 20, transfers)[0]
     times = np.array(row["seconds"])
     return {
         "link": parsed.spec,
@@ -196,8 +191,8 @@ def local_costs(
     """Seconds per step: ``compute`` (forward, backward, optimizer: the ``noop`` step) and each hook's local
     work (its step on a group of one rank, less ``compute``), rank 0's medians, all ranks working at once."""
     hooks = dict(HOOKS if hooks is None else hooks)
-    with Cluster(world_size) as cluster:
-        times = cluster.run(_local_job, hooks, model, steps, seed)[0]
+    with Ranks(fresh=True) as ranks:
+        times = ranks(RankSpec(world_size)).run(_local_job, hooks, model, steps, seed)[0]
     compute = float(np.median(times["noop"]))
     costs = {label: max(0.0, float(np.median(times[label])) - compute) for label in hooks}
     return {"compute": compute, **costs}
@@ -271,7 +266,8 @@ def time_hooks(
             base = ExperimentConfig(
                 model=model, world_size=world_size, steps=n, seed=repeat, link=link, timing=True, measure=False
             )
-            with Cluster(world_size, link=link) as cluster:
+            with Ranks(fresh=True) as ranks:
+                cluster = ranks(base.rank_spec())
                 if link not in facts:
                     facts[link] = measure_link(link, world_size, seconds, transfers, cluster)
                 configs = [base.replace(hook=spec, label=label) for label, spec in hooks.items()]

@@ -16,7 +16,6 @@ all-reduce from Python and stands in for it.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -111,10 +110,10 @@ def bucket_timeline(
     """A table with one row per rank, hook, repeat and bucket: seconds after backward started."""
     import pandas as pd
 
-    from ..launcher import Cluster
+    from ..launcher import Ranks, RankSpec
 
-    with Cluster(world_size=world_size) if cluster is None else contextlib.nullcontext(cluster) as ranks:
-        rows = ranks.run(_rank_timeline, list(hooks), width, depth, bucket_cap_mb, repeats)
+    with Ranks(cluster, fresh=cluster is None) as ranks:  # yours, else ranks of its own
+        rows = ranks(RankSpec(world_size)).run(_rank_timeline, list(hooks), width, depth, bucket_cap_mb, repeats)
     return pd.DataFrame([row for rank_rows in rows for row in rank_rows])
 
 

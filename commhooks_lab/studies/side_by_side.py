@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..engine.config import ExperimentConfig
-from ..experiment import _Ranks, as_configs, compare
-from ..launcher import Cluster
+from ..experiment import as_configs, compare
+from ..launcher import Cluster, Ranks
 from ..result import ResultSet
 
 __all__ = ["compare_side_by_side", "ranks_side_by_side"]
@@ -70,7 +70,7 @@ def ranks_side_by_side(cluster: Cluster | None, count: int, config: ExperimentCo
     and ``count - 1`` more made like it for the moment; the ones made here are closed at the end."""
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ValueError(f"side_by_side must be a whole number of sets of ranks, 1 or more; got {count!r}")
-    with contextlib.ExitStack() as stack:
-        cluster = _Ranks(cluster, fresh, stack).for_config(config)  # yours, the session's, or a fresh one closed here
+    with Ranks(cluster, fresh=fresh) as ranks, contextlib.ExitStack() as stack:
+        cluster = ranks(config.rank_spec())  # yours, the session's, or a fresh one closed here
         extra = [stack.enter_context(cluster.sibling()) for _ in range(count - 1)]
         yield [cluster, *extra]
