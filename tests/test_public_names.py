@@ -17,7 +17,6 @@ PACKAGE = Path(lab.__file__).parent
 ELSEWHERE = {
     ("studies/links.py", "result._frame_from_json"),
     ("studies/links.py", "result._frame_to_json"),
-    ("studies/side_by_side.py", "experiment._Ranks"),
 }
 
 

@@ -40,7 +40,7 @@ def _outer_steps_both_ways(ctx, steps: int, every: int) -> list[float]:
     from torchft.manager import Manager
     from torchft.work import _DummyWork
 
-    from ..hooks.local_sgd import DiLoCo
+    from ..hooks.local_sgd import DiLoCo, attach
 
     def model() -> torch.nn.Module:
         torch.manual_seed(0)
@@ -72,11 +72,11 @@ def _outer_steps_both_ways(ctx, steps: int, every: int) -> list[float]:
     ours = model()
     inner = torch.optim.AdamW(ours.parameters(), lr=1e-2)
     diloco = DiLoCo(ours, inner, {"sync_every": every, "outer_lr": 0.7, "outer_momentum": 0.9, "compress": "none"})
-    for step, x in enumerate(batches()):
+    attach(diloco, inner)  # the optimizer's step post-hook, as torchft's DiLoCo registers its own
+    for x in batches():
         ours(x).square().mean().backward()
         inner.step()
         inner.zero_grad()
-        diloco.after_step(step)
     return [(a - b).abs().max().item() for a, b in zip(ours.parameters(), theirs.parameters())]
 
 
