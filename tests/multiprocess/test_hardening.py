@@ -5,7 +5,6 @@ gets a message that names the cause and the rank, within the run's ``timeout_s``
 """
 
 import json
-import math
 import os
 import signal
 import time
@@ -134,25 +133,6 @@ def test_an_out_of_memory_kill_is_named_as_one():
 
 
 # -- refused before any process starts ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "changes, error, text",
-    [
-        ({"timeout_s": math.inf}, ValueError, "timeout_s must be a finite number of seconds"),
-        ({"timeout_s": math.nan}, ValueError, "timeout_s must be a finite number"),
-        ({"seed": 2**70}, ValueError, "seed must be an int >= 0 and <="),
-        ({"bucket_cap_mb": math.inf}, ValueError, "bucket_cap_mb must be a finite number > 0"),
-        ({"lr": math.inf}, ValueError, "lr must be a finite number > 0"),
-        ({"lr": math.nan}, ValueError, "lr must be a finite number > 0"),
-        ({"steps": 10**30}, ValueError, "steps must be a positive int, at most"),
-        ({"state_options": "matrix_approximation_rank=2"}, TypeError, "state_options must be a dict"),
-    ],
-)
-def test_bad_options_are_refused_before_any_process_starts(changes, error, text):
-    with pytest.raises(error, match=text):
-        lab.run(**{"steps": 2, **changes})
-    assert session.active() == []
 
 
 def test_an_environment_that_is_not_strings_is_refused_before_ranks_start():

@@ -17,7 +17,7 @@ import sys
 from multiprocessing import spawn
 
 import pytest
-from test_session import assert_same_run
+from _same_run import assert_same_run
 
 import commhooks_lab as lab
 from commhooks_lab.launcher import fingerprint, numerics
