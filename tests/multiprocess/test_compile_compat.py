@@ -33,8 +33,9 @@ def both_forms_hook(state, bucket):
 
 
 @pytest.fixture(scope="module")
-def matrix():
-    table = compile_compatibility(default_lineup() + [bucket_only_hook, both_forms_hook])
+def matrix(cluster):
+    """On the module's two warm ranks, which the other tests here share: a start of ranks costs seconds."""
+    table = compile_compatibility(default_lineup() + [bucket_only_hook, both_forms_hook], cluster=cluster)
     return table.set_index(["hook", "mode"])
 
 
@@ -86,9 +87,9 @@ def test_the_zoo_runs_under_compiled_autograd_and_deterministic_compressors_matc
     assert not matrix.loc[("randomk 1%", "compiled_autograd"), "bit_identical_to_eager"]
 
 
-def test_the_matrix_is_cached_per_process():
-    first = compile_compatibility(["fp16"], modes=("eager",))
-    again = compile_compatibility(["fp16"], modes=("eager",))  # no new ranks: the same measured seconds
+def test_the_matrix_is_cached_per_process(cluster):
+    first = compile_compatibility(["fp16"], modes=("eager",), cluster=cluster)
+    again = compile_compatibility(["fp16"], modes=("eager",), cluster=cluster)  # not run again: the same seconds
     assert again.equals(first)
     with pytest.raises(ValueError, match="unknown modes"):
         compile_compatibility(["fp16"], modes=("jit",))
@@ -137,12 +138,11 @@ def test_choosing_a_compressor_does_not_import_dynamo():
 # -- runs under torch.compile -----------------------------------------------------------------------
 
 
-def test_every_compile_mode_trains_the_same_weights():
-    with lab.Cluster(world_size=2) as cluster:
-        runs = {
-            mode: lab.run(hook="topk", steps=3, compile=mode, measure=mode != "compiled_autograd", cluster=cluster)
-            for mode in MODES
-        }
+def test_every_compile_mode_trains_the_same_weights(cluster):
+    runs = {
+        mode: lab.run(hook="topk", steps=3, compile=mode, measure=mode != "compiled_autograd", cluster=cluster)
+        for mode in MODES
+    }
     digests = {mode: r.final["param_digests"][0] for mode, r in runs.items()}
     assert len(set(digests.values())) == 1, digests
     assert runs["eager"].steps["loss"].tolist() == runs["compiled_autograd"].steps["loss"].tolist()
