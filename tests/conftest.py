@@ -63,7 +63,8 @@ def session_members(sid: int) -> set[int]:
 
 
 #: The kinds of test, one folder each under ``tests/`` (the notebooks under ``notebooks/`` are of kind ``notebooks``).
-#: Each item gets its folder's marker (registered in pyproject.toml), so ``pytest -m unit`` is the fast loop.
+#: Each item gets its folder's marker (registered in pyproject.toml): ``pytest tests/unit`` (or ``-m unit``) is the
+#: fast loop.
 #: In this order the files start under ``pytest -n 2``: see :func:`pytest_collection_modifyitems`.
 KINDS = ("other_machines", "notebooks", "multiprocess", "browser", "unit")
 FOLDERS = {kind: f"tests/{kind}" for kind in KINDS}
@@ -109,7 +110,7 @@ def pytest_collection_modifyitems(config, items):
     rank = {kind: i for i, kind in enumerate(KINDS)}
     kinds = {}
     for item in items:
-        kind = kind_of(item.path.relative_to(root))
+        kind = kind_of(item.path.relative_to(root)) if item.path.is_relative_to(root) else None
         kinds[item.nodeid] = kind
         if kind is not None:
             item.add_marker(kind)
