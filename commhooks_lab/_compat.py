@@ -1,7 +1,7 @@
 """Every touch of PyTorch's or Accelerate's private API, in one file.
 
 When PyTorch or Accelerate is upgraded, this is the file to read: each function below names
-the private thing it relies on, and ``tests/test_compat.py`` checks each one against the
+the private thing it relies on, and ``tests/unit/test_compat.py`` checks each one against the
 installed versions, failing with a message that names them. Checked against torch 2.13.0
 and accelerate 1.15.0.
 """

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_TESTS = ["notebooks", "tests/test_compile_compat.py", "tests/browser"]
+DEFAULT_TESTS = ["notebooks", "tests/multiprocess/test_compile_compat.py", "tests/browser"]
 BUSY = "while True: pass"
 PROBE = "import time; t = time.perf_counter(); sum(i * i for i in range(3_000_000)); print(time.perf_counter() - t)"
 

@@ -40,9 +40,9 @@ from build_site import readme_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBSET = (
-    "tests/test_launcher_units.py",
-    "tests/test_cluster.py",
-    "tests/test_numerics.py",
+    "tests/unit/test_launcher_units.py",
+    "tests/multiprocess/test_cluster.py",
+    "tests/multiprocess/test_numerics.py",
     "notebooks/01_quickstart.ipynb",
 )
 

@@ -3,6 +3,7 @@ import os
 import shutil
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -61,24 +62,22 @@ def session_members(sid: int) -> set[int]:
     return pids
 
 
-#: The test files that take longest (40 s to over 4 minutes each under ``-n 2``, ``--durations``), about longest first.
-#: Under ``pytest -n 2`` (the README's test command) they start first, so that the run does not end with one worker
-#: busy on one of them while the other has nothing left to do. Each worker starts with two files: the first, the
-#: third... on one, the second, the fourth... on the other. test_launch and test_hardening mostly wait for timeouts
-#: to fire (a sampler of /proc/stat found both cores idle for 15-45 s of a run where the two ran side by side):
-#: they go second and fourth, on the worker beside test_other_machines, whose two notebook runs keep both cores busy.
-STARTS_FIRST = (
-    "tests/test_other_machines.py",
-    "tests/test_launch.py",
-    "tests/test_compile_compat.py",
-    "tests/test_hardening.py",
-    "tests/test_emulated_cpu.py",
-    "notebooks/08_when_compression_pays_off.ipynb",
-    "tests/test_mutations.py",
-    "tests/test_testing.py",
-    "notebooks/10_hooks_in_the_real_world.ipynb",
-    "tests/test_torchrun_multinode.py",
-)
+#: The kinds of test, one folder each under ``tests/`` (the notebooks under ``notebooks/`` are of kind ``notebooks``).
+#: Each item gets its folder's marker (registered in pyproject.toml): ``pytest tests/unit`` (or ``-m unit``) is the
+#: fast loop.
+#: In this order the files start under ``pytest -n 2``: see :func:`pytest_collection_modifyitems`.
+KINDS = ("other_machines", "notebooks", "multiprocess", "browser", "unit")
+FOLDERS = {kind: f"tests/{kind}" for kind in KINDS}
+
+
+def kind_of(relative: Path) -> str | None:
+    """The kind of a test file, from its path relative to the repository; None outside every kind's folder."""
+    parts = relative.parts
+    if len(parts) > 1 and parts[0] == "notebooks":
+        return "notebooks"
+    if len(parts) > 2 and parts[0] == "tests" and parts[1] in KINDS:
+        return parts[1]
+    return None
 
 
 def pytest_configure(config):
@@ -98,10 +97,24 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The files of STARTS_FIRST first, in its order; every other item keeps its place (the sort is stable)."""
-    rank = {path: i for i, path in enumerate(STARTS_FIRST)}
+    """Mark each item with its kind, and start files by kind, the slowest kind first (the sort is stable).
+
+    The order is a rule, not a list of files: other_machines (a minute or more per file: emulated CPUs, other
+    accounts, the course run again), notebooks (a kernel each, 5-50 s), multiprocess (ranks, seconds per test),
+    browser (Chromium, skipped where it is missing), unit (milliseconds: they fill the last seconds). Within a
+    kind, files keep pytest's order (by path). ``--dist loadfile --no-loadscope-reorder`` (pyproject.toml) makes
+    pytest-xdist hand the files out in this order to whichever worker is free: longest first, so the run does not
+    end with one worker on a long file while the other has nothing left to do.
+    """
     root = config.rootpath
-    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
+    rank = {kind: i for i, kind in enumerate(KINDS)}
+    kinds = {}
+    for item in items:
+        kind = kind_of(item.path.relative_to(root)) if item.path.is_relative_to(root) else None
+        kinds[item.nodeid] = kind
+        if kind is not None:
+            item.add_marker(kind)
+    items.sort(key=lambda item: rank.get(kinds[item.nodeid], len(rank)))
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +164,6 @@ def pytest_sessionfinish(session, exitstatus):
 def load_script(name: str):
     """``scripts/<name>.py`` as a module, for tests of a script's functions."""
     import importlib.util
-    from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None

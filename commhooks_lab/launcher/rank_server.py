@@ -15,7 +15,7 @@ fork from the notebook's ``os.environ`` at that moment, as under spawn.
 Ranks are not handed the notebook's ``__main__`` (spawn re-imports the script you ran in every
 rank): functions from a cell or a script travel by value, so a script without a main guard works.
 Uses multiprocessing's private forkserver pieces (``ForkServer``, ``popen_forkserver.Popen``);
-``tests/test_rank_server.py`` checks them on the running Python.
+``tests/multiprocess/test_rank_server.py`` checks them on the running Python.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ Counting rules (W = the size of the ``group`` the call names, positional or keyw
   ``all_gather_single``, ``recv`` -> ``irecv``, object collectives -> ``all_gather``) are
   counted at the outermost patched call only (a per-thread depth guard).
 
-Checked against the wire (torch 2.13, gloo, every built-in hook, tests/test_payload.py):
+Checked against the wire (torch 2.13, gloo, every built-in hook, tests/multiprocess/test_payload.py):
 ``wire_bytes = ring_bytes + 288 B x 2(W-1)`` per all-reduce, exactly at 2 ranks (576 B per
 call) and within 2(W-1) elements per call at 4 ranks (gloo's ring chunks are whole elements).
 A rank that only receives writes about 48 B per message (acknowledgements).

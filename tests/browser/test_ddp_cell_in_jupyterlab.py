@@ -1,6 +1,6 @@
 """``%%ddp`` cells in a real browser: JupyterLab 4, headless Debian Chromium, Playwright.
 
-The kernel-side tests (tests/test_magics.py) call the magics from an InteractiveShell; this one writes a small
+The kernel-side tests (multiprocess/test_magics.py) call the magics from an InteractiveShell; this one writes a small
 notebook, opens it in JupyterLab as a participant would, runs it, and reads off the page what the ranks printed:
 each rank's own values under its label, a line every rank printed shown once, and a cell that raised on one rank,
 named, with its traceback and the DDPCellError. It checks the ranks are there while the cells run, gone after

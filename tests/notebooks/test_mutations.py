@@ -1,6 +1,6 @@
 """The notebook checks have teeth: break the arithmetic on purpose and both strict and tolerant mode fail.
 
-Each mutation runs one notebook from the top in a clean kernel (``tests/mutations/sitecustomize.py`` patches
+Each mutation runs one notebook from the top in a clean kernel (``tests/notebooks/mutations/sitecustomize.py`` patches
 the kernel, the rank server and every rank) and compares it with the committed outputs twice: strictly
 (nbval's rule) and within the notebook's stated tolerances (``--lab-tolerant``), cell after cell, until a cell
 fails both (the rest of the notebook would only repeat the verdict). A check that passed a mutated
@@ -19,7 +19,7 @@ from nbclient import NotebookClient
 from commhooks_lab.launcher.numerics import PORTABLE_VARIABLES
 from commhooks_lab.testing import compare_notebooks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MUTATIONS_DIR = Path(__file__).resolve().parent / "mutations"
 #: mutation -> (environment it needs, the notebook that shows it)
 MUTATIONS = {

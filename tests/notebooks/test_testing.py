@@ -12,7 +12,7 @@ import pytest
 import commhooks_lab as lab
 from commhooks_lab import testing
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "notebooks" / "template_your_lab.ipynb"
+TEMPLATE = Path(__file__).resolve().parents[2] / "notebooks" / "template_your_lab.ipynb"
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from commhooks_lab.studies import recorded
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import execute_notebooks  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")

@@ -9,7 +9,7 @@ numbers, and nothing may grow.
 
 The attacks on gloo's own listeners (hijacking a pair's handshake, filling a rank's file descriptors) need a
 learner that is an unprivileged account too, so that the attacker aims at its listeners only, never at another
-test's or at a notebook kernel's: ``tests/accounts/`` has both sides, run as two accounts.
+test's or at a notebook kernel's: ``tests/other_machines/accounts/`` has both sides, run as two accounts.
 """
 
 import json
@@ -38,7 +38,7 @@ NOBODY = 65534
 #: The learner of the gloo attacks: an unprivileged account with no other process on the machine.
 LEARNER = 4242
 ACCOUNTS = Path(__file__).parent / "accounts"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SYSTEM_PYTHON = "/usr/bin/python3"  # the attacker's own interpreter: the learner's venv is not its to read
 #: What the other account runs (standard library only). argv: rendezvous folder, store path, ports...
 ATTACK = textwrap.dedent(
@@ -305,7 +305,7 @@ def learners_packages():
 @pytest.fixture
 def two_accounts(request):
     """``start(who, *argv)``: the learner (uid 4242, this venv's packages on the system Python) or the attacker
-    (nobody), each a script of ``tests/accounts``, given as ``-c`` source: neither account may be able to read
+    (nobody), each a script of ``accounts/`` here, given as ``-c`` source: neither account may be able to read
     this checkout."""
     _play_accounts(LEARNER, NOBODY)
     found = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True)

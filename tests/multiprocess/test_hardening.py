@@ -5,7 +5,6 @@ gets a message that names the cause and the rank, within the run's ``timeout_s``
 """
 
 import json
-import math
 import os
 import signal
 import time
@@ -17,7 +16,6 @@ import pytest
 import commhooks_lab as lab
 from commhooks_lab import Cluster, WorkerError, WorkerTimeoutError
 from commhooks_lab.launcher import session
-from commhooks_lab.launcher.cluster import WATCHDOG_MARGIN_S
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -25,7 +23,12 @@ pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 # -- waits bounded by timeout_s, sends included ---------------------------------------------------------------
 
 
-def test_a_stopped_rank_and_a_large_task_end_within_the_timeout_naming_the_rank():
+def test_a_stopped_rank_and_a_large_task_end_within_the_timeout_naming_the_rank(monkeypatch):
+    from commhooks_lab.launcher import cluster as cluster_module
+
+    # The watchdog's margin is there for gloo's own timeout to report first; a stopped rank runs no collective, so
+    # a short margin tests the same deadline sooner (as in test_launch's busy-rank test).
+    monkeypatch.setattr(cluster_module, "WATCHDOG_MARGIN_S", 1.0)
     with Cluster(world_size=2, timeout_s=3) as cluster:
         stopped = cluster.pids[1]
         os.kill(stopped, signal.SIGSTOP)
@@ -37,7 +40,7 @@ def test_a_stopped_rank_and_a_large_task_end_within_the_timeout_naming_the_rank(
             if cluster.alive:
                 os.kill(stopped, signal.SIGCONT)
         elapsed = time.monotonic() - start
-    assert elapsed < 3 + WATCHDOG_MARGIN_S + 10, f"the parent waited {elapsed:.0f} s"
+    assert elapsed < 3 + cluster_module.WATCHDOG_MARGIN_S + 10, f"the parent waited {elapsed:.0f} s"
     assert info.value.rank == 1 and "never took its task" in str(info.value) and "SIGSTOP" in str(info.value)
 
 
@@ -134,25 +137,6 @@ def test_an_out_of_memory_kill_is_named_as_one():
 
 
 # -- refused before any process starts ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "changes, error, text",
-    [
-        ({"timeout_s": math.inf}, ValueError, "timeout_s must be a finite number of seconds"),
-        ({"timeout_s": math.nan}, ValueError, "timeout_s must be a finite number"),
-        ({"seed": 2**70}, ValueError, "seed must be an int >= 0 and <="),
-        ({"bucket_cap_mb": math.inf}, ValueError, "bucket_cap_mb must be a finite number > 0"),
-        ({"lr": math.inf}, ValueError, "lr must be a finite number > 0"),
-        ({"lr": math.nan}, ValueError, "lr must be a finite number > 0"),
-        ({"steps": 10**30}, ValueError, "steps must be a positive int, at most"),
-        ({"state_options": "matrix_approximation_rank=2"}, TypeError, "state_options must be a dict"),
-    ],
-)
-def test_bad_options_are_refused_before_any_process_starts(changes, error, text):
-    with pytest.raises(error, match=text):
-        lab.run(**{"steps": 2, **changes})
-    assert session.active() == []
 
 
 def test_an_environment_that_is_not_strings_is_refused_before_ranks_start():

@@ -8,8 +8,9 @@ import sys
 import textwrap
 
 import pytest
+from _same_run import assert_same_run
 from conftest import live_children, wait_gone
-from test_session import CASES, assert_same_run
+from test_session import CASES
 
 import commhooks_lab as lab
 from commhooks_lab import Cluster

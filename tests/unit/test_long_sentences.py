@@ -3,7 +3,7 @@
 import importlib.util
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "long_sentences.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "long_sentences.py"
 spec = importlib.util.spec_from_file_location("long_sentences", SCRIPT)
 assert spec is not None and spec.loader is not None
 long_sentences = importlib.util.module_from_spec(spec)

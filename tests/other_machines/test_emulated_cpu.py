@@ -17,7 +17,7 @@ import sys
 from multiprocessing import spawn
 
 import pytest
-from test_session import assert_same_run
+from _same_run import assert_same_run
 
 import commhooks_lab as lab
 from commhooks_lab.launcher import fingerprint, numerics
@@ -99,7 +99,8 @@ def test_the_emulated_cpu_is_another_cpu_and_native_numerics_show_it(emulated_py
 
 def test_ranks_on_emulated_intel_and_amd_cpus_give_this_machines_numbers_bit_for_bit(python_on_either_vendor):
     executable, log = python_on_either_vendor
-    native = {name: lab.run(steps=STEPS, fresh=True, timeout_s=TIMEOUT_S, **case) for name, case in CASES.items()}
+    with lab.Cluster(world_size=2, timeout_s=TIMEOUT_S) as here:  # warm, as the emulated side is
+        native = {name: lab.run(steps=STEPS, cluster=here, timeout_s=TIMEOUT_S, **case) for name, case in CASES.items()}
     previous = spawn.get_executable()
     multiprocessing.set_executable(executable)
     try:

@@ -143,6 +143,6 @@ def test_the_cases_separate_the_two_orders(cluster):
     assert ranks[0]["after"]["dtypes"] == ["float16"]
 
 
-def test_reveal_shows_the_reference(capsys):
+def test_reveal_shows_the_fp16_divide_after_reference(capsys):
     exercises.reveal("fp16_divide_after")
     assert "def fp16_divide_after(state, bucket)" in capsys.readouterr().out

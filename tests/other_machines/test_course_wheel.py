@@ -19,7 +19,7 @@ import pytest
 
 from commhooks_lab.course import COURSE_FILES, copy_course, course_files, course_root
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SDIST = "import sys, setuptools.build_meta as b; print(b.build_sdist(sys.argv[1]))"
 
 

@@ -151,6 +151,6 @@ def test_smallest_matrix_rank_wrong_answers_get_their_own_hint(wrong, hint):
     assert "exactly that many" not in outcome.message
 
 
-def test_reveal_shows_the_reference(capsys):
+def test_reveal_shows_the_best_rank_r_error_reference(capsys):
     exercises.reveal("best_rank_r_error")
     assert "svdvals" in capsys.readouterr().out

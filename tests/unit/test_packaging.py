@@ -12,7 +12,7 @@ from packaging.specifiers import SpecifierSet
 
 from commhooks_lab.course import install_paths
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name where they differ
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from commhooks_lab.testing import machines
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 

@@ -1,6 +1,6 @@
 """scripts/setup_venv.py: the lock it picks, and the one line it prints when pip cannot install.
 
-pip's outputs under tests/pip_outputs/ were recorded on this machine (2026-12-07, progress bars removed), each with
+pip's outputs in pip_outputs/ here were recorded on this machine (2026-12-07, progress bars removed), each with
 the pip a fresh venv of that Python gets: the old single constraints.txt on Python 3.10.13 (pip 23.0.1) and on
 Debian's 3.11.2 (pip 23.0.1), no network (``unshare -n``), an Intel Mac (``--platform macosx_10_13_x86_64``), and
 a learner's copy of pyenv's 3.11.7 whose venv loaded Debian's libpython, so ssl failed to import.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUTPUTS = Path(__file__).parent / "pip_outputs"
 spec = importlib.util.spec_from_file_location("setup_venv", ROOT / "scripts" / "setup_venv.py")
 setup_venv = importlib.util.module_from_spec(spec)
