@@ -4,7 +4,7 @@ contributor to a file that is not there."""
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "commhooks_lab"
 #: A backticked token that names a file or folder: a slash in it, or a file's suffix, and no space.
 PATH_LIKE = re.compile(r"^[\w.<>/-]+(/|\.(py|md|ipynb|json|toml|txt|cfg|sh))$|^[\w.<>-]+/[\w.<>/-]+$")
