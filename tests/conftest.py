@@ -66,7 +66,7 @@ def session_members(sid: int) -> set[int]:
 #: Each item gets its folder's marker (registered in pyproject.toml): ``pytest tests/unit`` (or ``-m unit``) is the
 #: fast loop.
 #: In this order the files start under ``pytest -n 2``: see :func:`pytest_collection_modifyitems`.
-KINDS = ("other_machines", "notebooks", "multiprocess", "browser", "unit")
+KINDS = ("other_machines", "notebooks", "browser", "multiprocess", "unit")
 FOLDERS = {kind: f"tests/{kind}" for kind in KINDS}
 
 
@@ -100,11 +100,15 @@ def pytest_collection_modifyitems(config, items):
     """Mark each item with its kind, and start files by kind, the slowest kind first (the sort is stable).
 
     The order is a rule, not a list of files: other_machines (a minute or more per file: emulated CPUs, other
-    accounts, the course run again), notebooks (a kernel each, 5-50 s), multiprocess (ranks, seconds per test),
-    browser (Chromium, skipped where it is missing), unit (milliseconds: they fill the last seconds). Within a
-    kind, files keep pytest's order (by path). ``--dist loadfile --no-loadscope-reorder`` (pyproject.toml) makes
-    pytest-xdist hand the files out in this order to whichever worker is free: longest first, so the run does not
+    accounts, the course run again), notebooks (a kernel each, 5-50 s), browser (Chromium, 10-45 s a file, skipped
+    where it is missing), multiprocess (ranks, seconds per test), unit (milliseconds: they fill the last seconds).
+    Within a kind, files keep pytest's order (by path). ``--dist loadfile --no-loadscope-reorder``
+    (pyproject.toml) makes pytest-xdist give each worker two files to start with (the first and third to one, the
+    second and fourth to the other), then the next file to whichever is free: longest first, so the run does not
     end with one worker on a long file while the other has nothing left to do.
+
+    A file marked ``waits`` mostly waits for a timeout to fire, with both cores idle: each goes second or fourth,
+    on the other worker from the first (CPU-heavy) files, so that its idle seconds go to them.
     """
     root = config.rootpath
     rank = {kind: i for i, kind in enumerate(KINDS)}
@@ -115,6 +119,13 @@ def pytest_collection_modifyitems(config, items):
         if kind is not None:
             item.add_marker(kind)
     items.sort(key=lambda item: rank.get(kinds[item.nodeid], len(rank)))
+    files = list(dict.fromkeys(item.path for item in items))
+    waiting = [f for f in files if any(i.path == f and i.get_closest_marker("waits") for i in items)]
+    busy = [f for f in files if f not in waiting]
+    order = [f for pair in zip(busy, waiting) for f in pair]  # busy, waits, busy, waits: one of each per worker
+    order += busy[len(order) // 2 :] + waiting[len(order) // 2 :]
+    position = {f: i for i, f in enumerate(order)}
+    items.sort(key=lambda item: position[item.path])
 
 
 @pytest.fixture(scope="module")

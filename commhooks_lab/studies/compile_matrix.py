@@ -38,9 +38,9 @@ _CACHE: dict[tuple, Any] = {}
 def default_lineup() -> list[Any]:
     """Every registered hook and compressor family (default options) and each wrapper around allreduce.
 
-    A family that also synchronises on the optimizer step (local SGD, DiLoCo) is tried by the DDP hook it registers:
-    the matrix runs no optimizer."""
-    items: list[Any] = [e.name for e in registry.entries(registry.HOOK)]
+    Not a record that communicates from the optimizer's step post-hook (local SGD, DiLoCo): the matrix runs no
+    optimizer, so it would try the DDP hook they register and never their synchronisation."""
+    items: list[Any] = [e.name for e in registry.entries(registry.HOOK) if e.step_post_hook is None]
     items += [e.name for e in registry.entries(registry.COMPRESSOR)]
     items += [{"hook": "allreduce", "wrapper": e.name} for e in registry.entries(registry.WRAPPER) if e.name != "no"]
     return items

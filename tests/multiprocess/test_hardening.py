@@ -17,7 +17,7 @@ import commhooks_lab as lab
 from commhooks_lab import Cluster, WorkerError, WorkerTimeoutError
 from commhooks_lab.launcher import session
 
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.waits]
 
 
 # -- waits bounded by timeout_s, sends included ---------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 
 from commhooks_lab import Cluster, WorkerError, WorkerTimeoutError, launch
 
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.waits]
 
 
 def test_ranks_return_values_in_rank_order_and_report_events():
