@@ -2,7 +2,7 @@
 
 ``run``, ``compare``, ``HookLab``, ``%ddp`` and every study ask a :class:`Ranks` for the ranks a
 :class:`~.rank_spec.RankSpec` describes, so the three policies (and the check that your Cluster fits) are
-written once. A test in ``tests/test_architecture.py`` fails if a module above the launcher builds a
+written once. A test in ``tests/multiprocess/test_architecture.py`` fails if a module above the launcher builds a
 Cluster of its own.
 """
 
