@@ -107,8 +107,10 @@ def pytest_collection_modifyitems(config, items):
     second and fourth to the other), then the next file to whichever is free: longest first, so the run does not
     end with one worker on a long file while the other has nothing left to do.
 
-    A file marked ``waits`` mostly waits for a timeout to fire, with both cores idle: each goes second or fourth,
-    on the other worker from the first (CPU-heavy) files, so that its idle seconds go to them.
+    A file marked ``waits`` mostly waits for a timeout to fire, with both cores idle; one marked ``heavy`` keeps both
+    cores busy for a minute or more on its own. They start first, paired (heavy, waits, heavy, waits): the heavy
+    files on one worker, the waiting ones on the other, so that the idle seconds go to the heavy files and two
+    heavy files do not start side by side.
     """
     root = config.rootpath
     rank = {kind: i for i, kind in enumerate(KINDS)}
@@ -120,10 +122,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(kind)
     items.sort(key=lambda item: rank.get(kinds[item.nodeid], len(rank)))
     files = list(dict.fromkeys(item.path for item in items))
-    waiting = [f for f in files if any(i.path == f and i.get_closest_marker("waits") for i in items)]
-    busy = [f for f in files if f not in waiting]
-    order = [f for pair in zip(busy, waiting) for f in pair]  # busy, waits, busy, waits: one of each per worker
-    order += busy[len(order) // 2 :] + waiting[len(order) // 2 :]
+    marked = {
+        name: [f for f in files if any(i.path == f and i.get_closest_marker(name) for i in items)]
+        for name in ("heavy", "waits")
+    }
+    heavy, waiting = marked["heavy"], marked["waits"]
+    order = [f for pair in zip(heavy, waiting) for f in pair]  # heavy, waits, heavy, waits: one of each per worker
+    order += [f for f in heavy + waiting + files if f not in order]
     position = {f: i for i, f in enumerate(order)}
     items.sort(key=lambda item: position[item.path])
 

@@ -21,7 +21,7 @@ from commhooks_lab.testing import machines
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.heavy]
 
 
 ALL_NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.ipynb"))

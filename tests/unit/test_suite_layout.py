@@ -28,7 +28,7 @@ def test_every_test_file_sits_in_the_folder_of_its_kind():
 def test_every_kind_is_a_registered_marker_and_marks_its_items(pytestconfig):
     options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     registered = [line.split(":")[0] for line in options["markers"]]
-    assert registered == [*KINDS, "waits"]  # one marker per folder, and the order rule's own
+    assert registered == [*KINDS, "heavy", "waits"]  # one marker per folder, and the order rule's two
     assert "--strict-markers" in options["addopts"].split()
     assert kind_of(Path("notebooks/01_quickstart.ipynb")) == "notebooks"
     assert kind_of(Path("tests/test_new.py")) is None and kind_of(Path("tests/elsewhere/test_new.py")) is None
