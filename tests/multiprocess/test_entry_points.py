@@ -190,7 +190,7 @@ def test_main_job_runs_under_torchrun(tmp_path):
 UNGUARDED_SCRIPT = """
     import commhooks_lab as lab
 
-    result = lab.run(hook="fp16", steps=3, cluster=lab.Cluster(start_method="spawn"))
+    result = lab.run(hook="fp16", steps=3, cluster=lab.Cluster(start_method="spawn", timeout_s=120))
     print(result.steps["rel_error"].max())
 """
 
@@ -199,7 +199,7 @@ def test_a_script_without_a_main_guard_is_told_the_two_line_fix(tmp_path):
     script = tmp_path / "my_experiment.py"
     script.write_text(textwrap.dedent(UNGUARDED_SCRIPT))
     start = time.monotonic()
-    out = _run([sys.executable, str(script)], timeout=60, cwd=tmp_path)
+    out = _run([sys.executable, str(script)], timeout=180, cwd=tmp_path)
     elapsed = time.monotonic() - start
     assert out.returncode == 1
     # Every rank dies the same way; the first to go is named (on a busy machine not always rank 0).
@@ -207,17 +207,19 @@ def test_a_script_without_a_main_guard_is_told_the_two_line_fix(tmp_path):
         r"WorkerError: rank \d exited with code 1 while starting, before it could run your code", out.stderr
     )
     assert "every rank first imports the script you ran" in out.stderr
-    call = 'result = lab.run(hook="fp16", steps=3, cluster=lab.Cluster(start_method="spawn"))'
+    call = 'result = lab.run(hook="fp16", steps=3, cluster=lab.Cluster(start_method="spawn", timeout_s=120))'
     fix = f'if __name__ == "__main__":\n        {call}\n'
     assert fix in out.stderr  # the user's own line, under the guard
     assert "bootstrapping phase" in out.stderr  # Python's own words, from the rank's stderr
-    assert elapsed < 20, f"the error took {elapsed:.1f} s"  # interpreter start and imports included
+    # the deaths are seen, not waited out: well before the script's 120 s timeout (about 10 s here, quiet; 22 s with
+    # the machine three times oversubscribed), interpreter start and imports included
+    assert elapsed < 90, f"the error took {elapsed:.1f} s"
 
 
 def test_ranks_from_the_rank_server_never_import_the_script(tmp_path):
     """The default start method forks ranks from the rank server without the script: no main guard needed."""
     script = tmp_path / "my_experiment.py"
-    script.write_text(textwrap.dedent(UNGUARDED_SCRIPT.replace(', cluster=lab.Cluster(start_method="spawn")', "")))
+    script.write_text(textwrap.dedent(UNGUARDED_SCRIPT.replace(', cluster=lab.Cluster(start_method="spawn", timeout_s=120)', "")))
     out = _run([sys.executable, str(script)], timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert 1e-5 < float(out.stdout) < 1e-2  # fp16's rel_error
