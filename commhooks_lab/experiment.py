@@ -94,9 +94,10 @@ def _task(config: ExperimentConfig, choice: HookChoice) -> bytes:
 def _on_ranks(task: bytes, spec: RankSpec, ranks: Ranks, progress: _Progress) -> tuple[list, str]:
     """The ranks' values for one run's ``task``, and how those ranks were started."""
     cluster = ranks(spec)
-    timeout_s = None if cluster.timeout_s == spec.timeout_s else spec.timeout_s  # another only on a cluster of yours
+    # another timeout only on a cluster of yours
+    timeout_s = None if cluster.spec.timeout_s == spec.timeout_s else spec.timeout_s
     values = cluster.run_serialized(task, timeout_s=timeout_s, on_event=progress.event)
-    return values, cluster.start_method
+    return values, cluster.spec.start_method
 
 
 def _checked(config: ExperimentConfig) -> tuple[HookChoice, RankSpec]:

@@ -196,7 +196,7 @@ class _DDP:
             self._spec = RankSpec(started.n, timeout_s=timeout_s, link=started.link)  # refused before it is kept
             cluster = self.cluster()
             cluster.start()
-            behind = f", each behind a {cluster.link.spec} link" if cluster.link is not None else ""
+            behind = f", each behind a {cluster.spec.link.spec} link" if cluster.spec.link is not None else ""
             print(f"{cluster.world_size} ranks ready (backend {cluster.backend}{behind}); run cells with %%ddp")
             return None
         if command == "stop":

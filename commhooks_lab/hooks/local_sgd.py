@@ -263,42 +263,45 @@ def _check_diloco(options: dict) -> None:
         raise ValueError(f"outer_momentum must be in [0, 1), got {options['outer_momentum']!r}")
 
 
-register(
-    HookEntry(
-        "local_sgd",
-        HOOK,
-        "local steps; the parameters averaged every sync_every optimizer steps",
-        build=_local_steps,
-        defaults=lambda: {"sync_every": 4},
-        check=_check_sync_every,
-        run_name=_sync_name("local_sgd"),
-        not_compilable=_WHY_NOT_COMPILED,
-        step_post_hook=_attaching(LocalSGD),
+def _register_synchroniser(name: str, description: str, build, defaults: dict, check, synchroniser) -> None:
+    """One record of a family that synchronises from the optimizer's step post-hook: they share the run name,
+    the reason they do not compile, and how they attach."""
+    register(
+        HookEntry(
+            name,
+            HOOK,
+            description,
+            build=build,
+            defaults=lambda: dict(defaults),
+            check=check,
+            run_name=_sync_name(name),
+            not_compilable=_WHY_NOT_COMPILED,
+            step_post_hook=_attaching(synchroniser),
+        )
     )
+
+
+_register_synchroniser(
+    "local_sgd",
+    "local steps; the parameters averaged every sync_every optimizer steps",
+    _local_steps,
+    {"sync_every": 4},
+    _check_sync_every,
+    LocalSGD,
 )
-register(
-    HookEntry(
-        "post_local_sgd",
-        HOOK,
-        "PyTorch's post_localSGD_hook + PeriodicModelAverager (subgroups of one rank on CPU)",
-        build=_build_post_local_sgd,
-        defaults=lambda: {"sync_every": 4, "start_localSGD_iter": 2},
-        check=_check_sync_every,
-        run_name=_sync_name("post_local_sgd"),
-        not_compilable=_WHY_NOT_COMPILED,
-        step_post_hook=_attaching(PostLocalSGD),
-    )
+_register_synchroniser(
+    "post_local_sgd",
+    "PyTorch's post_localSGD_hook + PeriodicModelAverager (subgroups of one rank on CPU)",
+    _build_post_local_sgd,
+    {"sync_every": 4, "start_localSGD_iter": 2},
+    _check_sync_every,
+    PostLocalSGD,
 )
-register(
-    HookEntry(
-        "diloco",
-        HOOK,
-        "H inner steps, then an outer Nesterov step on the averaged pseudo-gradient (DiLoCo)",
-        build=_local_steps,
-        defaults=lambda: {"sync_every": 4, "outer_lr": 0.7, "outer_momentum": 0.9, "compress": "none"},
-        check=_check_diloco,
-        run_name=_sync_name("diloco"),
-        not_compilable=_WHY_NOT_COMPILED,
-        step_post_hook=_attaching(DiLoCo),
-    )
+_register_synchroniser(
+    "diloco",
+    "H inner steps, then an outer Nesterov step on the averaged pseudo-gradient (DiLoCo)",
+    _local_steps,
+    {"sync_every": 4, "outer_lr": 0.7, "outer_momentum": 0.9, "compress": "none"},
+    _check_diloco,
+    DiLoCo,
 )

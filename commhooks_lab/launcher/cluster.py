@@ -197,7 +197,7 @@ class Cluster:
         #: Which ranks these are (checked when it was made): the session's key, and what each rank receives.
         self.spec = as_rank_spec(world_size, backend, timeout_s, link, start_method)
         #: Do the ranks share a private network no other account can reach (:mod:`.isolation`)? A link implies it.
-        self.private = self.link is not None or isolation.isolates(self.backend, self.start_method)
+        self.private = self.spec.link is not None or isolation.isolates(self.backend, self.spec.start_method)
         self.env = child_environment(check_environment(env))
         self.teardown_notes: list[str] = []
         self.starts = 0
@@ -220,18 +220,6 @@ class Cluster:
     def backend(self) -> str:
         return self.spec.backend
 
-    @property
-    def timeout_s(self) -> float:
-        return self.spec.timeout_s
-
-    @property
-    def link(self) -> Link | None:
-        return self.spec.link
-
-    @property
-    def start_method(self) -> str:
-        return self.spec.start_method
-
     # -- lifecycle ---------------------------------------------------------------------
     @property
     def alive(self) -> bool:
@@ -253,11 +241,11 @@ class Cluster:
             # local user (or the network) could reach, no collisions between re-run cells or two kernels.
             rendezvous = PrivateRendezvous()
             self._store.append(rendezvous)
-            if self.start_method == "forkserver":
+            if self.spec.start_method == "forkserver":
                 self._start_forked(rendezvous.path)
             else:
                 self._start_processes(rendezvous.path)
-            self._collect(rank_process.READY, max(self.timeout_s, START_TIMEOUT_S), None)
+            self._collect(rank_process.READY, max(self.spec.timeout_s, START_TIMEOUT_S), None)
             for rank_log in self._logs:
                 rank_log.detach()  # every rank holds its stderr file open now
         except BaseException:
@@ -291,7 +279,7 @@ class Cluster:
 
         environ = {**os.environ, **self.env}
         self._server = rank_server.server_for(environ, hosts_network=self.private)
-        timeout_s = max(self.timeout_s, START_TIMEOUT_S)
+        timeout_s = max(self.spec.timeout_s, START_TIMEOUT_S)
         for rank in range(self.world_size):
             self._add_rank(
                 rank,
@@ -306,8 +294,8 @@ class Cluster:
         """Spawn (or fork) every rank; each inherits our environment and fd 2, both patched for the moment."""
         import torch.multiprocessing as mp
 
-        mp_ctx: Any = mp.get_context(self.start_method)
-        _start_helpers(self.start_method)
+        mp_ctx: Any = mp.get_context(self.spec.start_method)
+        _start_helpers(self.spec.start_method)
 
         def start(proc, rank_log: RankLog) -> None:
             with stderr_into(rank_log.path):  # from its first instruction: bootstrap errors too
@@ -340,7 +328,7 @@ class Cluster:
 
     def __repr__(self) -> str:
         state = "alive" if self.alive else "stopped"
-        link = f", link={self.link.spec!r}" if self.link is not None else ""
+        link = f", link={self.spec.link.spec!r}" if self.spec.link is not None else ""
         return f"Cluster(world_size={self.world_size}, backend={self.backend!r}{link}, {state}, pids={self.pids})"
 
     # -- work --------------------------------------------------------------------------
@@ -353,7 +341,7 @@ class Cluster:
     def run_serialized(
         self, payload: bytes, *, timeout_s: float | None = None, on_event: EventCallback | None = None
     ) -> list:
-        timeout = self.timeout_s if timeout_s is None else check_timeout(timeout_s)  # the spec's is checked
+        timeout = self.spec.timeout_s if timeout_s is None else check_timeout(timeout_s)  # the spec's is checked
         with self._turn:  # a second thread's run waits here for this one to end (as a second cell would)
             return self._run_turn(payload, timeout, on_event)
 

@@ -60,8 +60,8 @@ def _check_fits(cluster: Cluster, spec: RankSpec) -> None:
             f"this Cluster has {cluster.world_size} ranks but the config asks for "
             f"world_size={spec.world_size}; make the Cluster with world_size={spec.world_size}"
         )
-    if cluster.link != spec.link:
-        have = "no link" if cluster.link is None else f"link={cluster.link.spec!r}"
+    if cluster.spec.link != spec.link:
+        have = "no link" if cluster.spec.link is None else f"link={cluster.spec.link.spec!r}"
         wanted = None if spec.link is None else spec.link.spec
         raise ValueError(
             f"this Cluster's ranks sit behind {have} but the config asks for link={wanted!r}; make the "

@@ -53,18 +53,14 @@ def _but_timeout(spec: RankSpec) -> tuple:
     return (spec.world_size, spec.backend, spec.link, spec.start_method)
 
 
-def warm(
-    world_size: int | RankSpec = 2,
-    backend: str | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    link: str | Link | None = None,
-) -> None:
-    """Start the session's ranks in the background, so the next run finds them ready (HookLab does,
-    while you read its controls). A failure here is left for that run to report."""
+def warm(ranks: int | RankSpec = 2) -> None:
+    """Start the session's ranks for ``ranks`` (a world size, or a whole :class:`~.rank_spec.RankSpec`) in the
+    background, so the next run finds them ready (HookLab does, while you read its controls). A failure here is
+    left for that run to report."""
 
     def start() -> None:
         with contextlib.suppress(Exception):
-            get_cluster(world_size, backend, timeout_s, link)
+            get_cluster(ranks)
 
     thread = threading.Thread(target=start, name="commhooks-session-warm", daemon=True)
     with _lock:

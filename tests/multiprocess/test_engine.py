@@ -179,7 +179,7 @@ def test_a_multi_bucket_model_runs_powersgd_safely_on_gloo(cluster):
     assert result.steps["buckets"].iloc[-1] > 1
     last = result.layers[result.layers["step"] == 2]
     assert last["bucket"].nunique() == result.steps["buckets"].iloc[-1]  # per-bucket view of the layers
-    assert result.env["start_method"] == cluster.start_method == DEFAULT_START_METHOD  # the rank server on Linux
+    assert result.env["start_method"] == cluster.spec.start_method == DEFAULT_START_METHOD  # the rank server on Linux
     assert result.ranks_agree and result.steps["compressing"].iloc[-1]
 
 

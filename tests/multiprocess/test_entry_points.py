@@ -219,7 +219,8 @@ def test_a_script_without_a_main_guard_is_told_the_two_line_fix(tmp_path):
 def test_ranks_from_the_rank_server_never_import_the_script(tmp_path):
     """The default start method forks ranks from the rank server without the script: no main guard needed."""
     script = tmp_path / "my_experiment.py"
-    script.write_text(textwrap.dedent(UNGUARDED_SCRIPT.replace(', cluster=lab.Cluster(start_method="spawn", timeout_s=120)', "")))
+    spawned = ', cluster=lab.Cluster(start_method="spawn", timeout_s=120)'
+    script.write_text(textwrap.dedent(UNGUARDED_SCRIPT.replace(spawned, "")))
     out = _run([sys.executable, str(script)], timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert 1e-5 < float(out.stdout) < 1e-2  # fp16's rel_error

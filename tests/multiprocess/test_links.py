@@ -217,7 +217,7 @@ def test_the_dashboard_and_the_magics_run_behind_a_link(capsys):
         assert "each rank behind a link of its own" in board.link_note.value
         board.run_button.click()
         assert board.error.value == "", board.error.value
-        assert board.results[-1].config["link"] == "100mbit" and board.cluster.link == Link(100e6)
+        assert board.results[-1].config["link"] == "100mbit" and board.cluster.spec.link == Link(100e6)
         assert "step_ms" in board.table.value
     finally:
         board.close()

@@ -54,7 +54,7 @@ def test_a_wrong_option_is_refused_with_the_same_message_everywhere(options, say
 
 def test_a_cluster_built_from_options_or_from_a_spec_is_the_same(cluster):
     assert isinstance(cluster.spec, RankSpec) and cluster.spec == RankSpec(2)
-    assert (cluster.world_size, cluster.backend, cluster.link) == (2, "gloo", None)
+    assert (cluster.world_size, cluster.backend, cluster.spec.link) == (2, "gloo", None)
     with pytest.raises(TypeError, match="pass a RankSpec or the options"):
         Cluster(RankSpec(2), timeout_s=45)
 
@@ -79,7 +79,7 @@ def test_fresh_ranks_are_one_set_per_spec_and_stop_at_the_end():
 def test_the_session_keys_its_ranks_by_the_spec():
     warm = Ranks()(RankSpec(2))
     assert session.get_cluster(2) is warm and session.get_cluster(RankSpec(2)) is warm
-    assert lab.run(hook="fp16", steps=2).env["start_method"] == warm.start_method
+    assert lab.run(hook="fp16", steps=2).env["start_method"] == warm.spec.start_method
     assert session.active() == [warm]
 
 

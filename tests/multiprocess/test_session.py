@@ -156,7 +156,7 @@ def test_another_timeout_replaces_the_session_cluster():
     (before,) = session.active()
     lab.run(hook="fp16", steps=2, timeout_s=45)
     (after,) = session.active()
-    assert after is not before and after.timeout_s == 45 and not before.alive
+    assert after is not before and after.spec.timeout_s == 45 and not before.alive
 
 
 def test_the_session_stops_at_interpreter_exit():
