@@ -229,3 +229,47 @@ def test_tolerant_mode_passes_moves_within_the_tolerance_and_fails_the_rest(tmp_
     table = out[out.index("numbers that moved (--lab-tolerant)") :]
     assert re.search(r"^ok +within\.ipynb::Cell \d+: \d+ numbers moved", table, re.M), table
     assert re.search(r"^FAILED +beyond\.ipynb::Cell \d+: \d+ numbers moved", table, re.M), table
+
+
+# -- the figure check every kernel of the suite starts with --------------------------------------------------------
+
+FIGURE = """import runpy, sys
+runpy.run_path(sys.argv[1])
+print("pyplot imported:", "matplotlib.pyplot" in sys.modules)
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.plot([0, 1], [0, 1])
+try:
+    plt.show()
+except AssertionError as e:
+    print(type(e).__name__, str(e).splitlines()[0])
+"""
+
+
+def test_the_kernels_startup_imports_no_pyplot_and_checks_figures_once_a_cell_imports_it(tmp_path):
+    """The IPython startup file the suite gives every kernel (``tests/conftest.py``) leaves pyplot unimported,
+    and a figure shown after a cell imports pyplot is still checked. A plain interpreter runs the file as IPython
+    would (a kernel adds nothing to what is tested here, and seconds of CPU)."""
+    from commhooks_lab.testing.figure_layout import write_ipython_startup
+
+    write_ipython_startup(tmp_path)
+    startup = next((tmp_path / "profile_default" / "startup").glob("*.py"))
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    env.pop("COMMHOOKS_LAB_FIGURE_REPORT", None)
+    out = subprocess.run(
+        [sys.executable, "-c", FIGURE, str(startup)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.stdout.splitlines() == [
+        "pyplot imported: False",
+        "FigureLayoutError this figure does not read at a glance:",
+    ], out.stdout + out.stderr
+
+
+def test_where_pyplot_is_imported_already_its_show_is_checked_at_once(monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from commhooks_lab.testing.figure_layout import check_when_imported
+
+    monkeypatch.setattr(plt, "show", lambda *args, **kwargs: None)
+    check_when_imported()
+    assert getattr(plt.show, "_checks_layout", False)
