@@ -243,7 +243,7 @@ class _AfterImport:
             execute(module)
             then()
 
-        loader.exec_module = exec_module
+        loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 

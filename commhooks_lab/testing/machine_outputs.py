@@ -53,8 +53,7 @@ variant_key = "commhooks_lab"
 def _torch_build() -> str:
     """``FACTS["torch_build"]``, from torch's generated ``version.py`` where torch is not imported yet: nbval's
     process needs no torch otherwise, and importing it costs seconds of CPU per run."""
-    torch = sys.modules.get("torch")
-    if torch is None:
+    if "torch" not in sys.modules:
         try:
             found = importlib.util.find_spec("torch")
             assert found is not None and found.origin is not None
@@ -64,7 +63,9 @@ def _torch_build() -> str:
             spec.loader.exec_module(version)
             return "cuda" if version.cuda else "cpu"
         except Exception:  # another layout of torch's files: ask torch itself
-            import torch
+            pass
+    import torch
+
     return "cuda" if torch.version.cuda else "cpu"
 
 
