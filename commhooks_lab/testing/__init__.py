@@ -12,11 +12,19 @@
 
 from __future__ import annotations
 
+import importlib
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .golden import DEFAULT_RTOL, EXACT_COLUMNS, Moved, assert_matches_golden, compare_with_golden
 from .notebooks import CellReport, Tolerance, compare_notebooks, tolerance_of
+
+if TYPE_CHECKING:
+    from .golden import DEFAULT_RTOL, EXACT_COLUMNS, Moved, assert_matches_golden, compare_with_golden
+
+#: Loaded on first use: :mod:`.golden` imports pandas (through Result), which nbval's pytest process, loading
+#: only :mod:`.plugin`, never needs (a second of CPU on every nbval run).
+_GOLDEN = ("DEFAULT_RTOL", "EXACT_COLUMNS", "Moved", "assert_matches_golden", "compare_with_golden")
 
 __all__ = [
     "DEFAULT_RTOL",
@@ -31,6 +39,12 @@ __all__ = [
     "sanitize_file",
     "tolerance_of",
 ]
+
+
+def __getattr__(name: str):
+    if name in _GOLDEN:
+        return getattr(importlib.import_module(".golden", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def sanitize_file() -> Path:

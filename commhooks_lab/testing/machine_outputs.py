@@ -23,12 +23,16 @@ and only where the two machines differ in one of those facts (:func:`what_to_rec
 from __future__ import annotations
 
 import functools
+import importlib.util
+import sys
+from pathlib import Path
 
 from ..launcher.notes import is_note
 
 __all__ = [
     "declared_facts",
     "FACTS",
+    "machine_fact",
     "machine_facts",
     "reference_outputs",
     "set_variant",
@@ -46,17 +50,43 @@ FACTS = {
 variant_key = "commhooks_lab"
 
 
-@functools.lru_cache(maxsize=1)
-def machine_facts() -> dict:
-    """This machine's values of :data:`FACTS` (torch's build is read, the namespace is tried by a child)."""
+def _torch_build() -> str:
+    """``FACTS["torch_build"]``, from torch's generated ``version.py`` where torch is not imported yet: nbval's
+    process needs no torch otherwise, and importing it costs seconds of CPU per run."""
+    if "torch" not in sys.modules:
+        try:
+            found = importlib.util.find_spec("torch")
+            assert found is not None and found.origin is not None
+            spec = importlib.util.spec_from_file_location("_torch_version", Path(found.origin).parent / "version.py")
+            assert spec is not None and spec.loader is not None
+            version = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(version)
+            return "cuda" if version.cuda else "cpu"
+        except Exception:  # another layout of torch's files: ask torch itself
+            pass
     import torch
 
+    return "cuda" if torch.version.cuda else "cpu"
+
+
+def _user_namespaces() -> bool:
     from ..launcher.netns_switch import why_unavailable
 
-    return {
-        "torch_build": "cuda" if torch.version.cuda else "cpu",
-        "user_namespaces": why_unavailable() is None,
-    }
+    return why_unavailable() is None
+
+
+_READERS = {"torch_build": _torch_build, "user_namespaces": _user_namespaces}
+
+
+@functools.cache
+def machine_fact(name: str):
+    """This machine's value of one of :data:`FACTS`, found only when asked for (the namespace is tried by a child)."""
+    return _READERS[name]()
+
+
+def machine_facts() -> dict:
+    """This machine's values of :data:`FACTS` (torch's build is read, the namespace is tried by a child)."""
+    return {name: machine_fact(name) for name in FACTS}
 
 
 def _check_when(when: dict) -> None:
@@ -71,10 +101,10 @@ def reference_outputs(cell_metadata: dict, committed: list, facts: dict | None =
     variants = (cell_metadata.get(variant_key) or {}).get("outputs_when") or []
     if not variants:
         return committed
-    facts = machine_facts() if facts is None else facts
     for variant in variants:
         _check_when(variant["when"])
-        if all(facts.get(name) == value for name, value in variant["when"].items()):
+        here = {name: machine_fact(name) for name in variant["when"]} if facts is None else facts
+        if all(here.get(name) == value for name, value in variant["when"].items()):
             import nbformat
 
             return [nbformat.from_dict(o) for o in variant["outputs"]]  # nbval reads outputs as attributes too

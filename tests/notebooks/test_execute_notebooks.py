@@ -36,7 +36,9 @@ def test_when_one_notebook_fails_none_is_written_and_the_failure_is_named(tmp_pa
 
 
 def test_a_notebooks_runs_behind_links_are_installed_with_its_code_digest_and_machine_notes_go(tmp_path, monkeypatch):
+    """(Its kernel imports the lab for a note and a recording only: no rank server is prewarmed for it.)"""
     monkeypatch.setattr(recorded, "DIRECTORY", tmp_path / "recorded")
+    monkeypatch.setenv("COMMHOOKS_LAB_PREWARM", "0")
     path = _notebook(
         tmp_path / "08_links.ipynb",
         "from commhooks_lab.launcher import notes\nnotes.say('demo', 'about this machine')\nprint(2)",

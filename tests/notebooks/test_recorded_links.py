@@ -160,11 +160,12 @@ print(isolation.isolates("gloo", "forkserver"), isolation.isolates("gloo", "fork
 
 def test_in_a_kernel_the_shared_loopback_is_one_note_that_strict_nbval_leaves_out(tmp_path):
     """The committed output has no note (made where namespaces are allowed): the run's note, said once in a
-    markdown output marked as a note, is no difference; a warning on stderr would be one."""
+    markdown output marked as a note, is no difference; a warning on stderr would be one. (The kernel only asks
+    the launcher: no rank server is prewarmed for it.)"""
     nb = nbformat.v4.new_notebook()
     nb.cells.append(nbformat.v4.new_code_cell(SHARED, execution_count=1))
     nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="False False\n")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "shared.ipynb")
-    out = nbval([tmp_path / "shared.ipynb"], "-rfp")
+    out = nbval([tmp_path / "shared.ipynb"], "-rfp", prewarm=False)
     assert failed_notebooks(out.stdout) == set() and "1 passed" in out.stdout, out.stdout[-3000:]

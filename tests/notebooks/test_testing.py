@@ -1,12 +1,14 @@
 """What a course author gets: nbval for their own notebooks from the installed package, golden Results for hooks."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 
 import commhooks_lab as lab
@@ -16,18 +18,39 @@ TEMPLATE = Path(__file__).resolve().parents[2] / "notebooks" / "template_your_la
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 
-def nbval(notebooks: list[Path], *options: str, tolerant: bool = False) -> subprocess.CompletedProcess:
+def nbval(
+    notebooks: list[Path], *options: str, tolerant: bool = False, prewarm: bool = True
+) -> subprocess.CompletedProcess:
     """nbval (strict, or ``tolerant``) on ``notebooks``, all in one folder, with only what the installed package
-    ships (no repo config)."""
+    ships (no repo config). ``prewarm=False``: kernels that import the lab for a note or two start no rank server
+    and import no run's modules (``COMMHOOKS_LAB_PREWARM=0``), seconds of CPU each that such a notebook never uses."""
     folder = notebooks[0].parent
     args = [sys.executable, "-m", "pytest", *map(str, notebooks), "-q", "-p", "no:cacheprovider", "-c", "/dev/null"]
+    env = {**os.environ, **({} if prewarm else {"COMMHOOKS_LAB_PREWARM": "0"})}
     return subprocess.run(
         args + [*options, "--rootdir", str(folder), *testing.nbval_args(tolerant)],
         capture_output=True,
         text=True,
         cwd=folder,
+        env=env,
         timeout=300,
     )
+
+
+def write_notebook(path: Path, cells: list[tuple[str, list[dict], dict]]) -> Path:
+    """A notebook of code cells ``(source, committed outputs, metadata)``, numbered as a clean run numbers them."""
+    nb = nbformat.v4.new_notebook()
+    for number, (source, outputs, metadata) in enumerate(cells, 1):
+        cell = nbformat.v4.new_code_cell(source, metadata=metadata, execution_count=number)
+        cell.outputs = outputs
+        nb.cells.append(cell)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def stream(text: str) -> dict:
+    return nbformat.v4.new_output("stream", name="stdout", text=text)
 
 
 def failed_notebooks(stdout: str) -> set[str]:
@@ -42,9 +65,10 @@ def test_the_sanitize_file_ships_with_the_package():
 
 def test_the_template_passes_strict_nbval_outside_the_repo_and_a_changed_output_fails_it(tmp_path):
     """A copy of the template, alone in a folder of its own, with only what the installed package ships, passes;
-    beside it, a copy whose output moved within the tolerant test's tolerance (below) fails, as strict mode must.
-    (It ran twice here until CI's 20 minutes ran short; the notebooks' own nbval run repeats every committed
-    output.) One pytest process runs both: a pytest start costs seconds."""
+    beside it, its first checked output moved within the tolerant test's tolerance (below) fails, as strict mode
+    must (a one-cell notebook that prints that output: the fault is strict mode's, not the run's). (It ran twice
+    here until CI's 20 minutes ran short; the notebooks' own nbval run repeats every committed output.) One pytest
+    process runs both: a pytest start costs seconds."""
     copy = tmp_path / "my_lab.ipynb"
     shutil.copy(TEMPLATE, copy)
     out = nbval([copy, _moved_within(tmp_path)], "-rfp")
@@ -54,9 +78,25 @@ def test_the_template_passes_strict_nbval_outside_the_repo_and_a_changed_output_
     assert len(passed) == 3 and "Cell outputs differ" in out.stdout, out.stdout[-3000:]  # the template: 3 cells
 
 
-@pytest.fixture(scope="module")
+#: ``lab.run(hook="fp16", steps=3).steps`` as it printed: every column and dtype of a run's steps (integer bytes,
+#: a boolean, floats, a column of NaN that golden files do not compare), which is all a golden file holds.
+FP16_STEPS = {
+    "step": [0, 1, 2], "loss": [2.290396, 2.319062, 2.283656], "accuracy": [float("nan")] * 3,
+    "payload_bytes": [19220] * 3, "ring_bytes": [19220.0] * 3, "wire_bytes": [19796] * 3, "allgather_bytes": [0] * 3,
+    "allgather_calls": [0] * 3, "collective_calls": [1] * 3, "uncompressed_bytes": [38440] * 3, "buckets": [1] * 3,
+    "compressing": [True] * 3, "step_time_s": [0.035405, 0.035210, 0.004276],
+    "rel_error": [0.000304, 0.000312, 0.000293], "cosine": [1.0] * 3, "max_abs_error": [0.000021, 0.000043, 0.000028],
+    "rank_spread": [0.0] * 3, "cumulative_rel_error": [0.000304, 0.000246, 0.000212],
+}  # fmt: skip
+
+
+@pytest.fixture
 def fp16_result():
-    return lab.run(hook="fp16", steps=3)
+    """A Result with a real fp16 run's steps. The golden functions read nothing else, and a run (two ranks
+    started, seconds of CPU) would only add what the lab's own run tests check."""
+    import pandas as pd
+
+    return lab.Result({"hook": "fp16", "steps": 3}, pd.DataFrame(FP16_STEPS), pd.DataFrame())
 
 
 def test_a_result_matches_its_own_golden_file(tmp_path, fp16_result):
@@ -151,41 +191,85 @@ def _nudged(lines: list[str], factor: float) -> list[str]:
     return [NUMBER.sub(scale, line) for line in lines]
 
 
-def _template_with(tmp_path: Path, name: str, text: list[str], tolerance: dict) -> Path:
-    """The template up to its first checked output, replaced by ``text`` and held to ``tolerance`` (stated on the
-    cell); the cells after it would only add run time."""
-    copy = tmp_path / f"{name}.ipynb"
-    nb = json.loads(TEMPLATE.read_text())
-    cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and c["outputs"])
-    nb["cells"] = nb["cells"][: nb["cells"].index(cell) + 1]
-    cell["outputs"][0]["text"] = text
-    cell["metadata"]["commhooks_lab"] = {"tolerance": tolerance}
-    copy.write_text(json.dumps(nb))
-    return copy
+def _printing(tmp_path: Path, name: str, committed: list[str], tolerance: dict) -> Path:
+    """A one-cell notebook that prints the template's first checked output (what its ``lab.run`` cell prints, bit for
+    bit) and holds it to the committed ``committed``, within ``tolerance`` (stated on the cell). The plugin compares
+    the same two texts as on the template's own cell, and the kernel starts no ranks: the comparison, not the run,
+    is what these copies test (the template's run is the strict test's)."""
+    text = "".join(_first_output_text())
+    metadata = {"commhooks_lab": {"tolerance": tolerance}}
+    return write_notebook(
+        tmp_path / f"{name}.ipynb", [(f"print({text!r}, end='')", [stream("".join(committed))], metadata)]
+    )
 
 
 def _moved_within(tmp_path: Path) -> Path:
-    """The template with its first output's decimals moved by 4 %, held to rtol=0.1: tolerant passes, strict fails."""
+    """The template's first output with its decimals moved by 4 %, held to rtol=0.1: tolerant passes, strict fails."""
     within = _nudged(_first_output_text(), 1.04)
     assert within != _first_output_text()
-    return _template_with(tmp_path, "within", within, {"rtol": 0.1, "why": "test"})
+    return _printing(tmp_path, "within", within, {"rtol": 0.1, "why": "test"})
 
 
 def test_tolerant_mode_passes_moves_within_the_tolerance_and_fails_the_rest(tmp_path):
-    """One tolerant run over two copies: moved within the tolerance (passes; strict fails it: the template test
-    above), and moved beyond it with an integer changed too (fails, saying both; that a large rtol does not excuse
-    an integer is the unit test's). The run is spread over two pytest-xdist workers, as the README's test command
-    runs: the closing table still names each copy."""
+    """One tolerant run over two one-cell copies of the template's first output: moved within the tolerance
+    (passes; strict fails it: the template test above), and moved beyond it with an integer changed too (fails,
+    saying both; that a large rtol does not excuse an integer is the unit test's). The cells run in a pytest-xdist
+    worker, as under the README's test command, and only their reports reach the process that prints the closing
+    table: it still names each copy. One worker takes the same path as two (each report travels on its own) for
+    one interpreter's start less."""
     broken = [line.replace("bytes per step ", "bytes per step 1") for line in _nudged(_first_output_text(), 1.5)]
     copies = [
         _moved_within(tmp_path),
-        _template_with(tmp_path, "beyond", broken, {"rtol": 0.1}),
+        _printing(tmp_path, "beyond", broken, {"rtol": 0.1}),
     ]
-    # a notebook's cells share its kernel: one worker each
-    out = nbval(copies, "-n", "2", "--dist", "loadfile", tolerant=True).stdout
+    out = nbval(copies, "-n", "1", tolerant=True).stdout
     failed = failed_notebooks(out)
     assert failed == {"beyond.ipynb"}, out[-3000:]
     assert "beyond the tolerance (rtol=0.1" in out and "(integers must match exactly)" in out
     table = out[out.index("numbers that moved (--lab-tolerant)") :]
     assert re.search(r"^ok +within\.ipynb::Cell \d+: \d+ numbers moved", table, re.M), table
     assert re.search(r"^FAILED +beyond\.ipynb::Cell \d+: \d+ numbers moved", table, re.M), table
+
+
+# -- the figure check every kernel of the suite starts with --------------------------------------------------------
+
+FIGURE = """import runpy, sys
+runpy.run_path(sys.argv[1])
+print("pyplot imported:", "matplotlib.pyplot" in sys.modules)
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.plot([0, 1], [0, 1])
+try:
+    plt.show()
+except AssertionError as e:
+    print(type(e).__name__, str(e).splitlines()[0])
+"""
+
+
+def test_the_kernels_startup_imports_no_pyplot_and_checks_figures_once_a_cell_imports_it(tmp_path):
+    """The IPython startup file the suite gives every kernel (``tests/conftest.py``) leaves pyplot unimported,
+    and a figure shown after a cell imports pyplot is still checked. A plain interpreter runs the file as IPython
+    would (a kernel adds nothing to what is tested here, and seconds of CPU)."""
+    from commhooks_lab.testing.figure_layout import write_ipython_startup
+
+    write_ipython_startup(tmp_path)
+    startup = next((tmp_path / "profile_default" / "startup").glob("*.py"))
+    env = {**os.environ, "MPLBACKEND": "Agg"}
+    env.pop("COMMHOOKS_LAB_FIGURE_REPORT", None)
+    out = subprocess.run(
+        [sys.executable, "-c", FIGURE, str(startup)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.stdout.splitlines() == [
+        "pyplot imported: False",
+        "FigureLayoutError this figure does not read at a glance:",
+    ], out.stdout + out.stderr
+
+
+def test_where_pyplot_is_imported_already_its_show_is_checked_at_once(monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from commhooks_lab.testing.figure_layout import check_when_imported
+
+    monkeypatch.setattr(plt, "show", lambda *args, **kwargs: None)
+    check_when_imported()
+    assert getattr(plt.show, "_checks_layout", False)
