@@ -9,6 +9,7 @@ imports as ``commhooks_lab`` is therefore the wheel's copy, which the test check
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -32,15 +33,30 @@ def _run(*args, cwd=None, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, check=False, cwd=cwd, **kwargs)
 
 
+def clean_tree(target: Path) -> Path:
+    """The clone's files as a fresh clone has them (tracked, or new and not ignored), copied to ``target``.
+
+    Built in the clone itself, the sdist would list every file of an old ``commhooks_lab.egg-info/SOURCES.txt``
+    (setuptools reads it back), so a line lost from MANIFEST.in would go unseen wherever a build ran before."""
+    listed = _run("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT)
+    assert listed.returncode == 0, listed.stderr
+    for name in filter(None, listed.stdout.split("\0")):
+        if (ROOT / name).is_file():  # a file deleted but not yet committed is listed too
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, target / name)
+    return target
+
+
 @pytest.fixture(scope="module")
 def fresh_env(tmp_path_factory):
     """A venv with the wheel installed, and the python that runs in it.
 
-    The wheel is built as ``python -m build`` would, from the sdist (so MANIFEST.in is tested too),
-    never from the clone, where an old ``build/`` folder can slip stale modules into it.
+    The wheel is built as ``python -m build`` would, from the sdist (so MANIFEST.in is tested too), and the sdist
+    from the clone's files alone (:func:`clean_tree`), never from the clone, where an old ``build/`` folder can slip
+    stale modules into the wheel and an old egg-info files into the sdist.
     """
     where = tmp_path_factory.mktemp("wheel")
-    sdist = _run(sys.executable, "-c", SDIST, where, cwd=ROOT)
+    sdist = _run(sys.executable, "-c", SDIST, where, cwd=clean_tree(where / "clone"))
     assert sdist.returncode == 0, sdist.stderr[-2000:]
     with tarfile.open(where / sdist.stdout.split()[-1]) as archive:
         # the "data" filter refuses links out of the tree; tarfile has it from 3.11.4 (3.10.12), not on Debian's 3.11.2
@@ -63,6 +79,7 @@ def fresh_env(tmp_path_factory):
 def test_the_wheel_installs_the_course_and_copies_it_out(fresh_env, tmp_path):
     python, purelib = fresh_env
     where = _run(python, "-c", "import commhooks_lab.course as c; print(c.__file__); print(c.course_root())")
+    assert where.returncode == 0, where.stderr[-2000:]  # a wheel without the course cannot name its root
     module, root = where.stdout.split()
     assert Path(module).is_relative_to(purelib), "the notebook would import the source tree, not the wheel"
     assert Path(root) == purelib / "commhooks_lab" / "course"
