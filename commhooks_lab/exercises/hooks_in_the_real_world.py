@@ -24,12 +24,16 @@ def compile_safe_mean_hook(state, bucket):
 
 
 def _verify_compile_safe(fn, cluster) -> str | None:
+    """Eager first: an attempt that is wrong there already is told so without a compiled-autograd case (about a
+    CPU-second a rank). The reference's rows are computed once per process (``compile_compatibility`` caches each
+    hook)."""
     from ..studies.compile_matrix import compile_compatibility
 
-    table = compile_compatibility([fn, compile_safe_mean_hook], modes=("eager", "compiled_autograd"), cluster=cluster)
-    # rows: yours eager, yours compiled autograd, the reference eager, the reference compiled autograd
-    yours, exact, reference_compiled = table.iloc[0:2], table.iloc[2], table.iloc[3]
-    eager, compiled = yours.iloc[0], yours.iloc[1]
+    def rows(mode: str) -> list:  # yours, then the reference's
+        table = compile_compatibility([fn, compile_safe_mean_hook], modes=(mode,), cluster=cluster)
+        return [row for _, row in table.iterrows()]
+
+    eager, exact = rows("eager")
     if not eager["runs"]:
         return (
             f"it fails in eager DDP already ({eager['error']}): for a GradBucket DDP needs a Future that holds "
@@ -37,6 +41,7 @@ def _verify_compile_safe(fn, cluster) -> str | None:
         )
     if eager["grad_sha256"] != exact["grad_sha256"]:
         return "in eager DDP it does not leave the exact mean: divide the bucket by the world size, then all-reduce it."
+    compiled, reference_compiled = rows("compiled_autograd")
     if not compiled["runs"]:
         if "'tuple' object has no attribute" in compiled["error"]:
             return (
