@@ -11,8 +11,7 @@ Three ways to run a DDP step with a comm hook:
 Each hook runs ``STEPS`` steps in each mode on two real ranks from the same weights and batch; the
 table says whether it ran, the real error text if not, how the gradient it produced compares
 with eager's (bit-identical, or the relative difference), and how many graph breaks Dynamo counted
-while compiling it (``graph_breaks``; ``graph_break``: their reasons, most frequent first; the ``ddp_optimizer``
-cases share one compiled forward, so there the breaks are counted once, in the first case of a run). Compile
+while compiling it (``graph_breaks``; ``graph_break``: their reasons, most frequent first). Compile
 backend: ``aot_eager`` by default (no C++ build: seconds on a laptop); pass ``backend="inductor"`` to
 use the real one.
 """
@@ -53,8 +52,8 @@ def _one_case(
     """``STEPS`` steps of a tiny MLP under ``mode`` with the hook; returns the last step's flat gradient.
 
     ``breaks``, if given, receives the graph breaks Dynamo counted during a case that completes (reason -> count).
-    ``fresh=False`` keeps Dynamo's caches from the case before, in ``ddp_optimizer`` mode only (see
-    :func:`_matrix_job`): under compiled autograd every case starts from ``torch._dynamo.reset()``."""
+    ``fresh=False`` keeps Dynamo's caches from the case before, which must have run in the same mode (see
+    :func:`_matrix_job`)."""
     import torch
     import torch._dynamo
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -63,7 +62,7 @@ def _one_case(
 
     if choice.entry is not None:
         choice = replace(choice, state_options=tuple(sorted(choice.entry.short_run_options(choice.options).items())))
-    if fresh or mode != "ddp_optimizer":
+    if fresh:
         torch._dynamo.reset()
     before = _compat.graph_breaks()
     switch = _compat.optimize_ddp("python_reducer" if mode == "compiled_autograd" else "ddp_optimizer")
@@ -118,16 +117,18 @@ def _registrable(model, hook):
     return registered
 
 
-def _matrix_job(ctx, choices: Sequence[HookChoice], modes: Sequence[str], backend: str) -> list[dict]:
+def _matrix_job(
+    ctx, choices: Sequence[HookChoice], modes: Sequence[str], backend: str, count_breaks: bool = True
+) -> list[dict]:
     """Worker: every hook in every mode; rank 0's rows, hook by hook (every rank runs the same cases in the same order).
 
-    Mode by mode, so that the ``ddp_optimizer`` cases share one compiled forward: DDP's C++ reducer calls the hook
-    outside the graph there, so a new DDP model with another hook passes the guards of the first one's forward, and
-    recompiling it per hook cost about 0.6 CPU-seconds a rank and told nothing new (the gradients are the same either
-    way; that mode's graph breaks, the forward's, are counted in its first case). Under compiled autograd the hook is
-    traced into the backward, so each case starts from ``torch._dynamo.reset()``: with compiled autograd's cache kept,
-    a later hook ran an earlier hook's graph (a wrong gradient), and with Dynamo's frames kept, the graph breaks in
-    code that hooks share (the compressors', ``completed_future``) were counted for the first hook only.
+    Mode by mode, each mode from ``torch._dynamo.reset()`` (hook by hook without resets, fp16 got a wrong
+    gradient under compiled autograd: ``optimize_ddp`` is read when DDP wraps the model). With ``count_breaks``
+    every case starts from a reset, as a fresh process would; without, the cases after a mode's first keep Dynamo's
+    caches (its guards recompile what another hook changes: on every registered hook, compressor and wrapper the
+    runs, errors and gradients were the same as from a reset, at 10 instead of 25 CPU-seconds a rank), and their
+    graph breaks are not counted (None): breaks in code that hooks share (the compressors', ``completed_future``)
+    are compiled, so counted, once.
     """
     import hashlib
     import time
@@ -140,8 +141,9 @@ def _matrix_job(ctx, choices: Sequence[HookChoice], modes: Sequence[str], backen
         for i, choice in enumerate(choices):
             start = time.perf_counter()
             breaks: dict[str, int] = {}
+            counted = mode == "eager" or count_breaks or i == 0
             try:
-                grad = _one_case(choice, mode, backend, breaks=breaks, fresh=i == 0)
+                grad = _one_case(choice, mode, backend, breaks=breaks, fresh=count_breaks or i == 0)
                 error = ""
             except Exception as exc:
                 grad, error = None, root_error(exc)
@@ -154,8 +156,10 @@ def _matrix_job(ctx, choices: Sequence[HookChoice], modes: Sequence[str], backen
                 "runs": grad is not None,
                 "error": error,
                 "seconds": round(seconds, 2),
-                "graph_breaks": sum(breaks.values()),
-                "graph_break": " | ".join(_short_reason(why) for why in sorted(breaks, key=breaks.__getitem__)[::-1]),
+                "graph_breaks": sum(breaks.values()) if counted else None,
+                "graph_break": " | ".join(_short_reason(why) for why in sorted(breaks, key=breaks.__getitem__)[::-1])
+                if counted
+                else None,
             }
             if grad is not None:
                 row["grad_sha256"] = hashlib.sha256(grad.detach().numpy().tobytes()).hexdigest()[:16]
@@ -168,7 +172,11 @@ def _matrix_job(ctx, choices: Sequence[HookChoice], modes: Sequence[str], backen
 
 
 def compile_compatibility(
-    hooks: Sequence[Any] | None = None, modes: Sequence[str] = MODES, backend: str = "aot_eager", cluster=None
+    hooks: Sequence[Any] | None = None,
+    modes: Sequence[str] = MODES,
+    backend: str = "aot_eager",
+    cluster=None,
+    count_breaks: bool = True,
 ):
     """The matrix as a table (one row per hook and mode, hook by hook), each hook computed once per process for the
     same modes, backend and world size: a later table runs only the hooks it has not seen (notebook 10's exercise
@@ -176,7 +184,8 @@ def compile_compatibility(
 
     ``hooks``: names (``"topk[ratio=0.05]"``), dicts such as ``{"hook": "allreduce", "wrapper": "fp16"}``,
     or your own hook functions; by default :func:`default_lineup`. Every item is checked before
-    any process starts.
+    any process starts. ``count_breaks=False``: the hooks share Dynamo's caches within a mode, at about 40 % of the
+    CPU, and only the first hook's graph breaks are counted (the others' are None).
     """
     import pandas as pd
 
@@ -187,10 +196,12 @@ def compile_compatibility(
         raise ValueError(f"unknown modes {unknown}; choose from {list(MODES)}")
     choices = [as_choice(item) for item in (default_lineup() if hooks is None else hooks)]
     world_size = 2 if cluster is None else cluster.world_size
-    keys = [(repr(c), tuple(modes), backend, world_size) for c in choices]  # a redefined hook is a new function
+    keys = [
+        (repr(c), tuple(modes), backend, world_size, count_breaks) for c in choices
+    ]  # a redefined hook is a new function
     missing = dict((key, c) for key, c in zip(keys, choices) if key not in _CACHE)
     if missing:
-        args = (tuple(missing.values()), tuple(modes), backend)
+        args = (tuple(missing.values()), tuple(modes), backend, count_breaks)
         if cluster is not None:
             rows = cluster.run(_matrix_job, *args, timeout_s=300)[0]
         else:
