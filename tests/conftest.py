@@ -107,8 +107,10 @@ def pytest_collection_modifyitems(config, items):
     second and fourth to the other), then the next file to whichever is free: longest first, so the run does not
     end with one worker on a long file while the other has nothing left to do.
 
-    A file marked ``waits`` mostly waits for a timeout to fire, with both cores idle; one marked ``heavy`` keeps both
-    cores busy for a minute or more on its own. They start first, paired (heavy, waits, heavy, waits): the heavy
+    A file marked ``waits`` mostly waits for a timeout to fire, with both cores idle; one marked ``heavy`` is CPU work
+    that should have those cores (marked by measuring: with test_emulated_cpu, two ranks under qemu, in
+    test_compile_compat's place, the whole suite took 527-561 s against 481 s, since test_other_machines then ran
+    beside files that compete for the CPU). They start first, paired (heavy, waits, heavy, waits): the heavy
     files on one worker, the waiting ones on the other, so that the idle seconds go to the heavy files and two
     heavy files do not start side by side.
     """

@@ -14,7 +14,7 @@ from commhooks_lab.hooks.choice import as_choice
 from commhooks_lab.hooks.contract import bucket_tensor, completed_future
 from commhooks_lab.studies.compile_matrix import MODES, compile_compatibility, default_lineup
 
-pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.heavy]
 VERSION = torch.__version__
 
 

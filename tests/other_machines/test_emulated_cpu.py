@@ -24,7 +24,7 @@ import commhooks_lab as lab
 from commhooks_lab.engine import models
 from commhooks_lab.launcher import fingerprint, numerics
 
-pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.heavy]
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 QEMU = shutil.which("qemu-x86_64")
 CPU = "Haswell-v4"

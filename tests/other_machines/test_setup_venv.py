@@ -9,6 +9,7 @@ a learner's copy of pyenv's 3.11.7 whose venv loaded Debian's libpython, so ssl 
 import importlib.util
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,17 @@ def test_a_real_older_python_is_refused_in_one_line():
     done = subprocess.run([older_python(), ROOT / "scripts" / "setup_venv.py"], capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == ""
     assert re.fullmatch(r"setup_venv: Python 3\.[789]\.\d+ is not supported: .*\n", done.stderr)
+
+
+def test_the_package_is_byte_compiled_even_where_python_writes_no_bytecode(tmp_path, monkeypatch):
+    """An editable install compiles nothing, and under PYTHONDONTWRITEBYTECODE=1 an import never writes
+    ``__pycache__``: setup_venv writes it once, so that later imports read it."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("X = 1\n")
+    (package / "sub.py").write_text("Y = 2\n")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    subprocess.run([sys.executable, "-c", "import pkg.sub"], cwd=tmp_path, check=True)
+    assert not (package / "__pycache__").exists()  # what every process would do: compile, and keep nothing
+    assert setup_venv.byte_compile(Path(sys.executable), package)
+    assert sorted(p.name.split(".")[0] for p in (package / "__pycache__").glob("*.pyc")) == ["__init__", "sub"]
