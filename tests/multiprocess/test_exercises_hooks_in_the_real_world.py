@@ -138,3 +138,16 @@ def returns_the_tensor_always(state, bucket):
 def test_a_hook_that_returns_no_future_in_eager_is_told_what_ddp_needs(cluster):
     outcome = exercise.check_compile_safe_hook(returns_the_tensor_always, cluster=cluster)
     assert outcome.status == WRONG and "completed_future(tensor)" in outcome.message
+
+
+def test_at_three_ranks_the_reference_and_a_right_hook_pass_and_no_division_is_caught():
+    """From three ranks on gloo, eager DDP's flat bucket and compiled autograd's single gradients are summed in
+    another order: a check that held the compiled gradient to the reference's eager one turned its own reference
+    away ("leaves another gradient"). Three ranks, one start of ranks for the three checks."""
+    from commhooks_lab import Cluster
+
+    with Cluster(world_size=3) as three:
+        assert exercise.check_compile_safe_hook(exercise.compile_safe_mean_hook, cluster=three).status == RIGHT
+        assert exercise.check_compile_safe_hook(mine, cluster=three).status == RIGHT
+        wrong = exercise.check_compile_safe_hook(forgets_to_divide, cluster=three)
+        assert wrong.status == WRONG and "divide the bucket" in wrong.message
