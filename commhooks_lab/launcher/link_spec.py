@@ -13,10 +13,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .topology import Topology
+from typing import Any
 
 __all__ = ["Link", "MTU", "as_link", "link_notes", "payload_share"]
 
@@ -145,9 +142,10 @@ def as_link(spec: object, name: str = "link") -> Link | None:
     return Link(rate, delay)
 
 
-def link_notes(link: Link | None, topology: Topology | None = None) -> list[str]:
+def link_notes(link: Link | None, topology: Any = None) -> list[str]:
     """What a result behind ``link`` should say about its network: the link (or the nodes, ``topology``: a
-    :class:`~.topology.Topology`, whose uplink ``link`` is), and any latency not added."""
+    :class:`~.topology.Topology`, whose uplink ``link`` is; not imported here, it imports this), and any latency
+    not added."""
     if link is None:
         return []
     from .netns_switch import facts
