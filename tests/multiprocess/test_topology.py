@@ -121,6 +121,36 @@ def test_where_the_machine_refuses_namespaces_nodes_say_so_as_link_does(monkeypa
     assert live_children() == before
 
 
+#: Run in a machine that refuses user namespaces: a user namespace of its own that allows no more below it.
+REFUSED = (
+    "echo 0 > /proc/sys/user/max_user_namespaces || exit 3; "
+    "if unshare -r true 2>/dev/null; then exit 3; fi; "
+    'exec "$@"'
+)
+#: Both refusals, one a line: what a learner reads for link= and for nodes= on such a machine.
+BOTH_REFUSALS = """
+from commhooks_lab.launcher import RankSpec
+for options in ({"link": "100mbit"}, {"nodes": 2, "link": "100mbit"}):
+    try:
+        RankSpec(4, "gloo", **options)
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+"""
+
+
+def test_a_machine_that_really_refuses_namespaces_refuses_nodes_as_it_refuses_link():
+    """Not a stand-in: where this machine allows user namespaces, the check runs in one that allows no more."""
+    command = [sys.executable, "-c", BOTH_REFUSALS]
+    if WHY_NOT is None:
+        command = ["unshare", "-r", "sh", "-c", REFUSED, "sh", *command]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    flat, nodes = done.stdout.splitlines()
+    assert flat == nodes, "the same refusal, word for word"
+    assert nodes.startswith("NetworkUnavailableError link='100mbit' cannot be built on this machine: ")
+    assert "Way out: " in nodes and nodes.endswith(netns_switch.WITHOUT_A_LINK)
+
+
 # -- the network is real ---------------------------------------------------------------------------------------------
 
 
