@@ -18,7 +18,7 @@ from conftest import live_children, wait_gone
 
 import commhooks_lab as lab
 from commhooks_lab import ExperimentConfig
-from commhooks_lab.launcher import Cluster, RankSpec, Topology, netns_switch, rank_server
+from commhooks_lab.launcher import Cluster, Ranks, RankSpec, Topology, netns_switch, rank_server
 from commhooks_lab.launcher.link_spec import as_link, payload_share
 from commhooks_lab.launcher.netns_switch import NetworkUnavailableError
 
@@ -123,9 +123,7 @@ def test_where_the_machine_refuses_namespaces_nodes_say_so_as_link_does(monkeypa
 
 #: Run in a machine that refuses user namespaces: a user namespace of its own that allows no more below it.
 REFUSED = (
-    "echo 0 > /proc/sys/user/max_user_namespaces || exit 3; "
-    "if unshare -r true 2>/dev/null; then exit 3; fi; "
-    'exec "$@"'
+    'echo 0 > /proc/sys/user/max_user_namespaces || exit 3; if unshare -r true 2>/dev/null; then exit 3; fi; exec "$@"'
 )
 #: Both refusals, one a line: what a learner reads for link= and for nodes= on such a machine.
 BOTH_REFUSALS = """
@@ -200,9 +198,12 @@ def test_inside_a_node_loopback_speed_between_nodes_the_uplinks_rate_shared_by_t
     print(f"\nset 100mbit uplink (goodput {goodput:.1f}): inside a node {intra:.0f} Mbit/s, between nodes "
           f"{inter:.1f}, two ranks of a node at once {both:.1f} together "
           f"({_mbit(FLOATS, shared[2]['seconds']):.1f} and {_mbit(FLOATS, shared[3]['seconds']):.1f})")  # fmt: skip
-    assert intra > 10 * goodput, "inside a node no uplink is crossed: the veth's own (loopback) speed"
-    assert 0.7 * goodput < inter <= 1.05 * goodput, f"{inter:.1f} Mbit/s through a {goodput:.1f} Mbit/s uplink"
-    assert 0.7 * goodput < both <= 1.05 * goodput, "two ranks of a node share its one uplink: together its rate"
+    # 1.6-2.5 Gbit/s measured here; a margin for a busy machine, where a rank waits its turn for a core
+    assert intra > 4 * goodput, "inside a node no uplink is crossed: the veth's own (loopback) speed"
+    # at most the wire rate (as test_links): the ranks leave the barrier a few ms apart, and at 10mbit 0.5 MB
+    # measured 10.0 Mbit/s against a goodput of 9.6
+    assert 0.6 * goodput < inter <= 1.05 * rate / 1e6, f"{inter:.1f} Mbit/s through a {goodput:.1f} Mbit/s uplink"
+    assert 0.6 * goodput < both <= 1.05 * rate / 1e6, "two ranks of a node share its one uplink: together its rate"
 
 
 def _namespaces_held(pid: int) -> set[str]:
@@ -230,6 +231,10 @@ def test_a_rate_inside_the_nodes_holds_and_nothing_is_left_behind():
     namespaces and the uplinks are gone, and the host's namespace holds its loopback and top switch only."""
     with Cluster(4, nodes=2, link="100mbit", intra_link="400mbit") as cluster:
         inside = cluster.run(_transfers, FLOATS, [(2, 3)])[3]["seconds"]
+        with pytest.raises(ValueError, match="are on nodes=2, intra_link='400mbit' but the config asks for nodes=1"):
+            Ranks(cluster)(RankSpec(4, link="100mbit"))  # lab.run(cluster=...) checks your Cluster so
+        with pytest.raises(ValueError, match="asks for nodes=2; make the Cluster with nodes=2, or leave out"):
+            Ranks(cluster)(RankSpec(4, nodes=2, link="100mbit"))
         ranks, server = cluster.pids, cluster._server.pid
         uplinks = _interfaces(server) - {"lo", netns_switch.BRIDGE}
         assert len(uplinks) == 2 and all(name.startswith("up") for name in uplinks), uplinks
@@ -241,7 +246,7 @@ def test_a_rate_inside_the_nodes_holds_and_nothing_is_left_behind():
     goodput = 400e6 * payload_share() / 1e6
     intra = _mbit(FLOATS, inside)
     print(f"\nset 400mbit inside a node (goodput {goodput:.0f}): {intra:.0f} Mbit/s")
-    assert 0.6 * goodput < intra <= 1.05 * goodput, f"{intra:.0f} Mbit/s inside a {goodput:.0f} Mbit/s node"
+    assert 0.6 * goodput < intra <= 1.05 * 400, f"{intra:.0f} Mbit/s inside a {goodput:.0f} Mbit/s node"
     assert not wait_gone(ranks)
     deadline = time.monotonic() + 10
     while _interfaces(server) != {"lo", netns_switch.BRIDGE} and time.monotonic() < deadline:
