@@ -154,6 +154,42 @@ def _shaping(dev: str, link: Any, delay: bool) -> list[str]:
     return commands
 
 
+def _own_link(far_ns: int, switch: str, link: Any) -> str:
+    """The rank's own namespace and veth, whose far end goes onto ``switch`` in the namespace ``far_ns`` (an fd),
+    with ``link``'s shaping on both ends (None: none). Returns the interface gloo must use."""
+    pid = os.getpid()
+    far = f"lab{pid}"
+    own_ns = -1
+    try:
+        _call("unshare", CLONE_NEWNET)
+        own_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
+        _run(
+            "ip",
+            [
+                f"link add name {IFACE} type veth peer name {far} netns /proc/{pid}/fd/{far_ns}",
+                f"addr add {address(pid)} dev {IFACE}",
+                "link set dev lo up",
+                f"link set dev {IFACE} up",
+            ],
+        )
+        delay = link is not None and bool(link.delay_ms) and facts()["netem"]
+        own = _shaping(IFACE, link, delay)
+        if own:
+            _run("tc", own)
+        _call("setns", far_ns, CLONE_NEWNET)
+        try:
+            _run("ip", [f"link set dev {far} master {switch}", f"link set dev {far} up"])
+            far_shaping = _shaping(far, link, delay=False)
+            if far_shaping:
+                _run("tc", far_shaping)
+        finally:
+            _call("setns", own_ns, CLONE_NEWNET)
+    finally:
+        if own_ns >= 0:
+            os.close(own_ns)
+    return IFACE
+
+
 def join(link: Any) -> str:
     """A rank's part, called first thing in a rank forked by the host: its own namespace and its link.
 
@@ -161,41 +197,13 @@ def join(link: Any) -> str:
     switch, and gets the same rate, so the limit holds for what the rank receives too. A delay goes on
     the rank's own end only: one way between two ranks is then the delay asked for.
     """
-    pid = os.getpid()
     host_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
-    own_ns = -1
-    far = f"lab{pid}"
     # a rank killed before :func:`leave` leaves its switch end to the kernel's background clean-up
-    subprocess.run([_tool("ip"), "link", "del", far], capture_output=True)
+    subprocess.run([_tool("ip"), "link", "del", f"lab{os.getpid()}"], capture_output=True)
     try:
-        _call("unshare", CLONE_NEWNET)
-        own_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
-        _run(
-            "ip",
-            [
-                f"link add {IFACE} type veth peer name {far} netns /proc/{pid}/fd/{host_ns}",
-                f"addr add {address(pid)} dev {IFACE}",
-                "link set lo up",
-                f"link set {IFACE} up",
-            ],
-        )
-        delay = bool(link.delay_ms) and facts()["netem"]
-        own = _shaping(IFACE, link, delay)
-        if own:
-            _run("tc", own)
-        _call("setns", host_ns, CLONE_NEWNET)
-        try:
-            _run("ip", [f"link set {far} master {BRIDGE}", f"link set {far} up"])
-            far_shaping = _shaping(far, link, delay=False)
-            if far_shaping:
-                _run("tc", far_shaping)
-        finally:
-            _call("setns", own_ns, CLONE_NEWNET)
+        return _own_link(host_ns, BRIDGE, link)
     finally:
         os.close(host_ns)
-        if own_ns >= 0:
-            os.close(own_ns)
-    return IFACE
 
 
 #: A node's switch, and its end of the uplink, in the node's namespace.
@@ -250,41 +258,13 @@ def join_node(topology: Any, rank: int, folder: str) -> str:
     """A rank's part on a network of nodes, called first thing in a rank forked by the host: like :func:`join`,
     but the veth's far end goes onto its node's switch (made here if this rank is the node's first), at the
     topology's rate inside a node (none by default). Returns the interface gloo must use."""
-    pid = os.getpid()
     host_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
-    own_ns = -1
-    far = f"lab{pid}"
     try:
         node_ns = _node_namespace(topology, topology.node_of(rank), folder, host_ns)
         _held.append(node_ns)  # open until this rank exits: the node's namespace lasts while its ranks do
-        _call("unshare", CLONE_NEWNET)
-        own_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
-        _run(
-            "ip",
-            [
-                f"link add name {IFACE} type veth peer name {far} netns /proc/{pid}/fd/{node_ns}",
-                f"addr add {address(pid)} dev {IFACE}",
-                "link set dev lo up",
-                f"link set dev {IFACE} up",
-            ],
-        )
-        delay = topology.intra is not None and bool(topology.intra.delay_ms) and facts()["netem"]
-        own = _shaping(IFACE, topology.intra, delay)
-        if own:
-            _run("tc", own)
-        _call("setns", node_ns, CLONE_NEWNET)
-        try:
-            _run("ip", [f"link set dev {far} master {NODE_SWITCH}", f"link set dev {far} up"])
-            far_shaping = _shaping(far, topology.intra, delay=False)
-            if far_shaping:
-                _run("tc", far_shaping)
-        finally:
-            _call("setns", own_ns, CLONE_NEWNET)
+        return _own_link(node_ns, NODE_SWITCH, topology.intra)
     finally:
         os.close(host_ns)
-        if own_ns >= 0:
-            os.close(own_ns)
-    return IFACE
 
 
 def leave() -> None:
