@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from conftest import live_children, wait_gone
 
 import commhooks_lab as lab
 from commhooks_lab import ExperimentConfig
-from commhooks_lab.launcher import Cluster, Ranks, RankSpec, Topology, netns_switch, rank_server
+from commhooks_lab.launcher import Cluster, Ranks, RankSpec, Topology, WorkerError, netns_switch, rank_server
 from commhooks_lab.launcher.link_spec import as_link, payload_share
 from commhooks_lab.launcher.netns_switch import NetworkUnavailableError
 
@@ -192,6 +193,8 @@ def test_inside_a_node_loopback_speed_between_nodes_the_uplinks_rate_shared_by_t
             (0, "0", "0"), (1, "1", "0"), (0, "0", "1"), (1, "1", "1")]  # fmt: skip
         across = cluster.run(_transfers, FLOATS, [(0, 2)])
         shared = cluster.run(_transfers, FLOATS, [(0, 2), (1, 3)])
+        server = cluster._server.pid
+    assert _gone_but_the_top_switch(server), "closed: the uplinks went with the nodes' namespaces"
     intra = _mbit(FLOATS, inside[1]["seconds"])
     inter = _mbit(FLOATS, across[2]["seconds"])
     both = _mbit(2 * FLOATS, max(shared[2]["seconds"], shared[3]["seconds"]))
@@ -225,10 +228,19 @@ def _interfaces(pid: int) -> set[str]:
         return {line.split(":")[0].strip() for line in f.readlines()[2:]}
 
 
+def _gone_but_the_top_switch(server: int, timeout_s: float = 10.0) -> bool:
+    """Does the host's namespace come back to its loopback and top switch? A node's namespace, and its uplink, go
+    when the last of its ranks does (the kernel clears it in the background: milliseconds, more on a busy machine)."""
+    deadline = time.monotonic() + timeout_s
+    while _interfaces(server) != {"lo", netns_switch.BRIDGE} and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _interfaces(server) == {"lo", netns_switch.BRIDGE}
+
+
 @needs_links
 def test_a_rate_inside_the_nodes_holds_and_nothing_is_left_behind():
-    """intra_link= limits each rank's veth into its node's switch; after close the ranks, their veths, the node
-    namespaces and the uplinks are gone, and the host's namespace holds its loopback and top switch only."""
+    """intra_link= limits each rank's veth into its node's switch; after a rank is killed the ranks, their veths,
+    the node namespaces and the uplinks are gone, and the host's namespace holds its loopback and top switch only."""
     with Cluster(4, nodes=2, link="100mbit", intra_link="400mbit") as cluster:
         inside = cluster.run(_transfers, FLOATS, [(2, 3)])[3]["seconds"]
         with pytest.raises(ValueError, match="are on nodes=2, intra_link='400mbit' but the config asks for nodes=1"):
@@ -243,15 +255,16 @@ def test_a_rate_inside_the_nodes_holds_and_nothing_is_left_behind():
         assert node_spaces[0] == node_spaces[1] != node_spaces[2] == node_spaces[3], node_spaces
         own = {os.readlink(f"/proc/{pid}/ns/net") for pid in ranks}
         assert len(own) == 4 and not own & set.union(*node_spaces), "each rank's own, apart from its node's"
+        os.kill(ranks[0], signal.SIGKILL)  # no leave(): the kernel alone must clear what was node 0's
+        with pytest.raises(WorkerError, match="rank 0"):
+            cluster.run(_transfers, 8, [(0, 1)])
+        assert not cluster._procs, "a dead rank tears the ranks down"
     goodput = 400e6 * payload_share() / 1e6
     intra = _mbit(FLOATS, inside)
     print(f"\nset 400mbit inside a node (goodput {goodput:.0f}): {intra:.0f} Mbit/s")
     assert 0.6 * goodput < intra <= 1.05 * 400, f"{intra:.0f} Mbit/s inside a {goodput:.0f} Mbit/s node"
     assert not wait_gone(ranks)
-    deadline = time.monotonic() + 10
-    while _interfaces(server) != {"lo", netns_switch.BRIDGE} and time.monotonic() < deadline:
-        time.sleep(0.05)  # a node's namespace, and its uplink, go when the last of its ranks does
-    assert _interfaces(server) == {"lo", netns_switch.BRIDGE}
+    assert _gone_but_the_top_switch(server)
     host = rank_server._servers.pop(next(k for k, s in rank_server._servers.items() if s.pid == server))
     host.stop()
     assert not wait_gone([server])
