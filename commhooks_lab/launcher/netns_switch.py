@@ -125,7 +125,8 @@ SMALL_PACKETS = "match ip protocol 6 0xff match u16 0x0000 0xff80 at 2"
 
 
 def _shaping(dev: str, link: Any, delay: bool) -> list[str]:
-    """tc commands for one end: htb at the link's rate, small packets first, and netem's delay where asked.
+    """tc commands for one end: htb at the link's rate, small packets first, and netem's delay where asked (none
+    for no link, as inside a node without intra_link=).
 
     Two htb classes share the rate: TCP's pure ACKs (1:10, served first) and everything else (1:20). With one
     FIFO, the ACKs for what a rank receives wait behind up to a second of what it sends (veth's 1000-packet
