@@ -56,6 +56,8 @@ def comparison_configs(args: argparse.Namespace):
         wrapper=args.wrapper,
         api=args.api,
         link=args.link,
+        nodes=args.nodes,
+        intra_link=args.intra_link,
         timing=args.timing,
         measure=not args.timing,
     )
@@ -210,7 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--link",
         default=None,
         help="every rank behind a network link of its own, e.g. 100mbit, 1gbit, 10mbit (default: this machine's "
-        "loopback); the table then shows each hook's median step time",
+        "loopback); the table then shows each hook's median step time. With --nodes: each node's one uplink",
+    )
+    comp.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="group the ranks into this many nodes (consecutive ranks, a fast switch inside each), each reaching "
+        "the others through one uplink at --link's rate, shared by its ranks",
+    )
+    comp.add_argument(
+        "--intra-link", default=None, help="with --nodes: each rank's link inside its node (default: none)"
     )
     comp.add_argument(
         "--timing",

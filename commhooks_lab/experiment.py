@@ -118,7 +118,7 @@ def assemble_result(
     note = _never_compressed_note(config, choice, result)
     if note:
         result.notes.append(note)
-    result.notes.extend(link_notes(spec.link if spec is not None else None))
+    result.notes.extend(link_notes(spec.link, spec.topology) if spec is not None else [])
     return result
 
 

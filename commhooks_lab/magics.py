@@ -1,7 +1,9 @@
 """``%load_ext commhooks_lab``: run notebook cells on the kernel's warm ranks.
 
-- ``%ddp start [-n 2] [--timeout 30] [--link 100mbit]``: start (or join) the session's warm ranks, the ones
-  ``lab.run`` uses (with ``--link``, each behind a link of its own: :mod:`commhooks_lab.launcher.link_spec`);
+- ``%ddp start [-n 2] [--timeout 30] [--link 100mbit] [--nodes 2] [--intra-link 10gbit]``: start (or join) the
+  session's warm ranks, the ones ``lab.run`` uses (with ``--link``, each behind a link of its own:
+  :mod:`commhooks_lab.launcher.link_spec`; with ``--nodes``, in nodes whose one uplink each is ``--link``:
+  :mod:`commhooks_lab.launcher.topology`);
 - ``%%ddp [--rank 0[,1...]] [--timeout S] [--measure]``: run the cell on every rank (or those), each in a namespace
   of its own that persists between cells, with ``torch``, ``dist`` (initialised), ``ctx``, ``rank`` and
   ``world_size`` set. ``--measure`` (every rank): a hook registered in the cell runs inside the lab's probe, each
@@ -191,12 +193,18 @@ class _DDP:
             parser.add_argument("-n", type=int, default=2)
             parser.add_argument("--timeout", type=float, default=None)
             parser.add_argument("--link", default=None, help="each rank behind a link of its own: 100mbit, 1gbit")
+            parser.add_argument("--nodes", type=int, default=1, help="ranks in nodes; --link is each node's uplink")
+            parser.add_argument("--intra-link", default=None, help="with --nodes: each rank's link inside its node")
             started, _ = _parse(parser, rest)
             timeout_s = DEFAULT_TIMEOUT_S if started.timeout is None else started.timeout
-            self._spec = RankSpec(started.n, timeout_s=timeout_s, link=started.link)  # refused before it is kept
+            self._spec = RankSpec(  # refused before it is kept
+                started.n, timeout_s=timeout_s, link=started.link, nodes=started.nodes, intra_link=started.intra_link
+            )
             cluster = self.cluster()
             cluster.start()
             behind = f", each behind a {cluster.spec.link.spec} link" if cluster.spec.link is not None else ""
+            if cluster.spec.topology is not None:
+                behind = f", on {cluster.spec.topology.spec}"
             print(f"{cluster.world_size} ranks ready (backend {cluster.backend}{behind}); run cells with %%ddp")
             return None
         if command == "stop":

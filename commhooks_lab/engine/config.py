@@ -17,7 +17,7 @@ from typing import Any
 
 from ..hooks import registry
 from ..hooks.choice import HookChoice, check_hook_choice, split_spec
-from ..launcher.link_spec import Link, payload_share
+from ..launcher.link_spec import payload_share
 from ..launcher.options import DEFAULT_TIMEOUT_S, check_common_options
 from ..launcher.rank_spec import RankSpec
 from .models import TASKS, effective_seed, resolve_task_factory
@@ -44,7 +44,7 @@ MAX_BUCKET_CAP_MB = 1024.0**2
 MAX_LR = 1e30
 #: The fields that hold whole numbers and real numbers: a numpy scalar (``for seed in np.arange(3)``) is taken
 #: as the Python number it is, which torch, random and json all accept.
-_INT_FIELDS = ("world_size", "steps", "batch_size", "seed", "eval_every", "checkpoint_at")
+_INT_FIELDS = ("world_size", "nodes", "steps", "batch_size", "seed", "eval_every", "checkpoint_at")
 _REAL_FIELDS = ("lr", "bucket_cap_mb", "timeout_s")
 
 
@@ -99,6 +99,8 @@ class ExperimentConfig:
     resume_hook_state: bool = True  # False: restore everything but the hook's memory (what a plain resume does)
     live: bool = False  # measure each step as it ends and send its row to the notebook (the dashboard's curves)
     link: str | None = None  # every rank behind a link of its own: "100mbit", "1gbit", "unlimited"; None: loopback
+    nodes: int = 1  # 2 or more: ranks grouped into nodes, link= is then each node's one uplink (launcher.topology)
+    intra_link: str | None = None  # with nodes=: each rank's link inside its node (None: no limit)
     timing: bool = False  # time DDP's own overlap: the hook runs as registered, unprobed (needs measure=False)
 
     def __post_init__(self) -> None:
@@ -118,7 +120,9 @@ class ExperimentConfig:
 
     def rank_spec(self) -> RankSpec:
         """The ranks this run needs on this machine, checked (:class:`~commhooks_lab.launcher.RankSpec`)."""
-        return RankSpec(self.world_size, self.backend, self.timeout_s, self.link)
+        return RankSpec(
+            self.world_size, self.backend, self.timeout_s, self.link, nodes=self.nodes, intra_link=self.intra_link
+        )
 
     def checked(self, local: bool = True) -> tuple[HookChoice, RankSpec | None]:
         """:meth:`check`, and the ranks the run needs (made once, here; None when ``local=False``)."""
@@ -133,13 +137,19 @@ class ExperimentConfig:
         effective_seed(0)  # a bad COMMHOOKS_LAB_SEED_SET is refused here, not in every rank after they start
         if local:
             spec = self.rank_spec()
-            _check_link_carries_the_model(self, spec.link)
+            _check_link_carries_the_model(self, spec)
         else:
             check_common_options(self.world_size, self.backend, self.timeout_s)
-            if self.link is not None:
+            for name in ("link", "intra_link"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"{name}={getattr(self, name)!r} shapes the links of ranks the lab starts; under torchrun or "
+                        f"accelerate launch the ranks' network is the real one: drop {name}="
+                    )
+            if self.nodes != 1:
                 raise ValueError(
-                    f"link={self.link!r} shapes the links of ranks the lab starts; under torchrun or accelerate "
-                    "launch the ranks' network is the real one: drop link="
+                    f"nodes={self.nodes!r} groups ranks the lab starts; under torchrun or accelerate launch the nodes "
+                    "are the real ones (torchrun's --nnodes): drop nodes="
                 )
         _check_timing(self)
         _positive("steps", self.steps, numbers.Integral, most=MAX_STEPS)
@@ -221,23 +231,29 @@ class ExperimentConfig:
         return out
 
 
-def _check_link_carries_the_model(config: ExperimentConfig, link: Link | None) -> None:
+def _check_link_carries_the_model(config: ExperimentConfig, spec: RankSpec) -> None:
     """Refuse a link too slow to send the model once within timeout_s: DDP's first act (``_sync_module_states``)
     broadcasts rank 0's parameters and buffers to every other rank in one gloo operation, and gloo gives up after
     timeout_s with only "Timed out waiting ... for send operation". The estimate is a floor (rate and headers
-    alone), so a run it refuses would surely fail; only the lab's own models are built here to count their bytes."""
+    alone), so a run it refuses would surely fail; only the lab's own models are built here to count their bytes.
+    On nodes, the copies for the other nodes' ranks all leave through node 0's uplink."""
+    link, topology = spec.link, spec.topology
     if link is None or link.rate_bits is None or config.model not in TASKS:
         return
     model = resolve_task_factory(config.model)(0).model
     tensors = [*model.parameters(), *model.buffers()]
     model_bytes = sum(t.numel() * t.element_size() for t in tensors)
-    seconds = 8 * model_bytes * (config.world_size - 1) / (link.rate_bits * payload_share())
+    copies = config.world_size - (1 if topology is None else topology.ranks_per_node)
+    seconds = 8 * model_bytes * copies / (link.rate_bits * payload_share())
+    whom, way = f"the other {copies} rank(s)", "rank 0's link"
+    if topology is not None:
+        whom, way = f"the {copies} rank(s) on other nodes", "node 0's uplink"
     if seconds > config.timeout_s:
         raise ValueError(
             f"link={link.spec!r} is too slow for model={config.model!r}: DDP first sends rank 0's {model_bytes:,} "
-            f"bytes of parameters to the other {config.world_size - 1} rank(s), at least {seconds:.0f} s through rank "
-            f"0's link, and gloo gives up after timeout_s={config.timeout_s:g} s. Use a faster link, a smaller "
-            f"model, or timeout_s={math.ceil(2 * seconds)}"
+            f"bytes of parameters to {whom}, at least {seconds:.0f} s through {way}, and gloo gives up "
+            f"after timeout_s={config.timeout_s:g} s. Use a faster link, a smaller model, or "
+            f"timeout_s={math.ceil(2 * seconds)}"
         )
 
 

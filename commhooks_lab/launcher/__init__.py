@@ -13,6 +13,7 @@ from .one_shot import launch
 from .rank_process import WorkerContext
 from .rank_spec import RankSpec
 from .ranks import Ranks
+from .topology import Topology
 from .torchrun import launch_from_env, under_torchrun
 
 __all__ = [
@@ -25,5 +26,6 @@ __all__ = [
     "Ranks",
     "RankSpec",
     "selfcheck",
+    "Topology",
     "under_torchrun",
 ]

@@ -192,10 +192,13 @@ class Cluster:
         start_method: str = DEFAULT_START_METHOD,
         env: dict[str, str] | None = None,
         link: str | Link | None = None,
+        nodes: int = 1,
+        intra_link: str | Link | None = None,
     ):
-        """``Cluster(2, link="100mbit")``, or ``Cluster(spec)`` with a :class:`~.rank_spec.RankSpec` that says all."""
+        """``Cluster(2, link="100mbit")``, ``Cluster(4, nodes=2, link="100mbit")`` (ranks 0-1 and 2-3 on a node each,
+        each node behind one 100 Mbit/s uplink), or ``Cluster(spec)`` with a :class:`~.rank_spec.RankSpec`."""
         #: Which ranks these are (checked when it was made): the session's key, and what each rank receives.
-        self.spec = as_rank_spec(world_size, backend, timeout_s, link, start_method)
+        self.spec = as_rank_spec(world_size, backend, timeout_s, link, start_method, nodes, intra_link)
         #: Do the ranks share a private network no other account can reach (:mod:`.isolation`)? A link implies it.
         self.private = self.spec.link is not None or isolation.isolates(self.backend, self.spec.start_method)
         self.env = child_environment(check_environment(env))
@@ -329,6 +332,10 @@ class Cluster:
     def __repr__(self) -> str:
         state = "alive" if self.alive else "stopped"
         link = f", link={self.spec.link.spec!r}" if self.spec.link is not None else ""
+        if self.spec.nodes > 1:
+            link += f", nodes={self.spec.nodes}"
+        if self.spec.intra_link is not None:
+            link += f", intra_link={self.spec.intra_link.spec!r}"
         return f"Cluster(world_size={self.world_size}, backend={self.backend!r}{link}, {state}, pids={self.pids})"
 
     # -- work --------------------------------------------------------------------------
@@ -472,11 +479,20 @@ class _Waiting:
 
 
 def as_rank_spec(
-    world_size: int | RankSpec, backend: str | None, timeout_s: float, link: str | Link | None, start_method: str
+    world_size: int | RankSpec,
+    backend: str | None,
+    timeout_s: float,
+    link: str | Link | None,
+    start_method: str,
+    nodes: int = 1,
+    intra_link: str | Link | None = None,
 ) -> RankSpec:
     """A :class:`RankSpec` as given, or made from the separate options (a spec and options at once are refused)."""
     if not isinstance(world_size, RankSpec):
-        return RankSpec(world_size, backend, timeout_s, link, start_method)
-    if (backend, timeout_s, link, start_method) != (None, DEFAULT_TIMEOUT_S, None, DEFAULT_START_METHOD):
-        raise TypeError("pass a RankSpec or the options (backend=, timeout_s=, link=, start_method=), not both")
+        return RankSpec(world_size, backend, timeout_s, link, start_method, nodes, intra_link)
+    options = (backend, timeout_s, link, start_method, nodes, intra_link)
+    if options != (None, DEFAULT_TIMEOUT_S, None, DEFAULT_START_METHOD, 1, None):
+        raise TypeError(
+            "pass a RankSpec or the options (backend=, timeout_s=, link=, start_method=, nodes=, intra_link=), not both"
+        )
     return world_size

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["Link", "MTU", "as_link", "link_notes", "payload_share"]
 
@@ -83,74 +84,77 @@ def _format_rate(bits: float) -> str:
     return f"{bits / 1e3:g}kbit"
 
 
-def _rate(text: str, spec: object) -> float | None:
+def _rate(text: str, spec: object, name: str = "link") -> float | None:
     if text == "unlimited":
         return None
     match = _RATE.match(text)
     if match is None:
         sign = " (a rate cannot be negative)" if text.startswith("-") else ""
-        raise ValueError(f"link={spec!r}: {text!r} is not a rate{sign}; write a number and a unit: {EXAMPLES}")
+        raise ValueError(f"{name}={spec!r}: {text!r} is not a rate{sign}; write a number and a unit: {EXAMPLES}")
     number, unit = float(match["number"]), match["unit"]
     if unit in BYTE_UNITS:
         bits = number * BYTE_UNITS[unit] * 8
         raise ValueError(
-            f"link={spec!r}: {unit!r} means bytes per second to tc ({number:g}{unit} = {_format_rate(bits)}); "
+            f"{name}={spec!r}: {unit!r} means bytes per second to tc ({number:g}{unit} = {_format_rate(bits)}); "
             f"the lab takes rates in bits per second, as network cards are sold: write {number:g}{unit[:-3]}bit "
             f"for {number:g} {unit[:-3].upper() or ''}bit/s, between {_format_rate(MIN_RATE_BITS)} and "
             f"{_format_rate(MAX_RATE_BITS)}"
         )
     if unit not in BIT_UNITS:
-        raise ValueError(f"link={spec!r}: unknown unit {unit!r}; use bit, kbit, mbit or gbit (bits per second)")
+        raise ValueError(f"{name}={spec!r}: unknown unit {unit!r}; use bit, kbit, mbit or gbit (bits per second)")
     bits = number * BIT_UNITS[unit]
     if not MIN_RATE_BITS <= bits <= MAX_RATE_BITS:
         raise ValueError(
-            f"link={spec!r}: the rate must be between {_format_rate(MIN_RATE_BITS)} and "
+            f"{name}={spec!r}: the rate must be between {_format_rate(MIN_RATE_BITS)} and "
             f"{_format_rate(MAX_RATE_BITS)}, got {text}"
         )
     return bits
 
 
-def _delay(text: str, spec: object) -> float:
+def _delay(text: str, spec: object, name: str = "link") -> float:
     match = _DELAY.match(text)
     if match is None:
-        raise ValueError(f"link={spec!r}: {text!r} is not a delay; write e.g. '5ms' or '200us'")
+        raise ValueError(f"{name}={spec!r}: {text!r} is not a delay; write e.g. '5ms' or '200us'")
     ms = float(match["number"]) / (1000.0 if match["unit"] == "us" else 1.0)
     if not 0 < ms <= MAX_DELAY_MS:
-        raise ValueError(f"link={spec!r}: the delay must be more than 0 and at most {MAX_DELAY_MS:g} ms")
+        raise ValueError(f"{name}={spec!r}: the delay must be more than 0 and at most {MAX_DELAY_MS:g} ms")
     return ms
 
 
-def as_link(spec: object) -> Link | None:
+def as_link(spec: object, name: str = "link") -> Link | None:
     """``None`` (the machine's own loopback), a :class:`Link`, or a spec string; anything else is refused."""
     if spec is None or isinstance(spec, Link):
         return spec
     if not isinstance(spec, str):
         raise TypeError(
-            f"link must be a string with a unit ({EXAMPLES}) or None, got {type(spec).__name__} {spec!r}: "
+            f"{name} must be a string with a unit ({EXAMPLES}) or None, got {type(spec).__name__} {spec!r}: "
             "a bare number does not say bits or bytes"
         )
     words = spec.strip().lower().split()
     if not words:
-        raise ValueError(f"link={spec!r} is empty; write {EXAMPLES}, or link=None for no link")
-    rate = _rate(words[0], spec)
+        raise ValueError(f"{name}={spec!r} is empty; write {EXAMPLES}, or {name}=None for no link")
+    rate = _rate(words[0], spec, name)
     delay = 0.0
     if len(words) == 3 and words[1] == "delay":
-        delay = _delay(words[2], spec)
+        delay = _delay(words[2], spec, name)
     elif len(words) != 1:
-        raise ValueError(f"link={spec!r}: write a rate, optionally followed by 'delay 5ms': {EXAMPLES}")
+        raise ValueError(f"{name}={spec!r}: write a rate, optionally followed by 'delay 5ms': {EXAMPLES}")
     return Link(rate, delay)
 
 
-def link_notes(link: Link | None) -> list[str]:
-    """What a result behind ``link`` should say about its network: the link, and any latency not added."""
+def link_notes(link: Link | None, topology: Any = None) -> list[str]:
+    """What a result behind ``link`` should say about its network: the link (or the nodes, ``topology``: a
+    :class:`~.topology.Topology`, whose uplink ``link`` is; not imported here, it imports this), and any latency
+    not added."""
     if link is None:
         return []
     from .netns_switch import facts
 
-    notes = [f"link: {link.describe()}"]
+    notes = [f"link: {link.describe() if topology is None else topology.describe()}"]
     if facts()["netem"]:
         if link.delay_ms:
-            notes.append(f"link: netem added {link.delay_ms:g} ms one way on each rank's link")
+            where = "each rank's link" if topology is None else "each node's uplink"
+            notes.append(f"link: netem added {link.delay_ms:g} ms one way on {where}")
     elif link.delay_ms:
         notes.append(
             f"link: the delay of {link.delay_ms:g} ms asked for was NOT added: this kernel has no netem "

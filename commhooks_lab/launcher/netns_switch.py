@@ -8,6 +8,11 @@ for a limited link, puts tc's ``htb`` on both ends (what it sends, what it recei
 reachable from outside, and everything goes when its processes do (the kernel removes a namespace, and the
 veths in it, when its last process exits).
 
+With nodes (:mod:`.topology`), the switch is the top switch. Each node is a network namespace of its own holding
+the node's switch and one end of its uplink, whose other end is on the top switch: the first rank of a node to
+arrive makes it (:func:`join_node`). A node's namespace has no process in it; its ranks hold it open, so it goes,
+with its uplink, when the last of them exits.
+
 ``ip`` and ``tc`` (iproute2) do the work: they are what a learner would type, and what the notes quote.
 pyroute2 (netlink from Python) could replace them; it is not needed where iproute2 is installed, as on
 every Debian and Ubuntu. Added latency needs ``netem``, which some kernels lack (this kind of machine's
@@ -21,7 +26,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -35,6 +42,7 @@ __all__ = [
     "HOST_VARIABLE",
     "IFACE",
     "join",
+    "join_node",
     "NetworkError",
     "NetworkUnavailableError",
     "qdisc_bytes",
@@ -117,7 +125,8 @@ SMALL_PACKETS = "match ip protocol 6 0xff match u16 0x0000 0xff80 at 2"
 
 
 def _shaping(dev: str, link: Any, delay: bool) -> list[str]:
-    """tc commands for one end: htb at the link's rate, small packets first, and netem's delay where asked.
+    """tc commands for one end: htb at the link's rate, small packets first, and netem's delay where asked (none
+    for no link, as inside a node without intra_link=).
 
     Two htb classes share the rate: TCP's pure ACKs (1:10, served first) and everything else (1:20). With one
     FIFO, the ACKs for what a rank receives wait behind up to a second of what it sends (veth's 1000-packet
@@ -125,8 +134,10 @@ def _shaping(dev: str, link: Any, delay: bool) -> list[str]:
     100 % (measured: a 4 MB all-reduce of 2 ranks at 10 Mbit/s). A Linux host's own default queue
     (fq_codel) keeps ACKs from waiting in the same way; this kernel of the lab's machine has no fq_codel.
     """
-    commands = []
+    commands: list[str] = []
     leaves = ["root"]
+    if link is None:
+        return commands
     if link.rate_bits is not None:
         rate, bits = link.tc_rate(), link.rate_bits
         commands += [
@@ -144,6 +155,42 @@ def _shaping(dev: str, link: Any, delay: bool) -> list[str]:
     return commands
 
 
+def _own_link(far_ns: int, switch: str, link: Any) -> str:
+    """The rank's own namespace and veth, whose far end goes onto ``switch`` in the namespace ``far_ns`` (an fd),
+    with ``link``'s shaping on both ends (None: none). Returns the interface gloo must use."""
+    pid = os.getpid()
+    far = f"lab{pid}"
+    own_ns = -1
+    try:
+        _call("unshare", CLONE_NEWNET)
+        own_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
+        _run(
+            "ip",
+            [
+                f"link add name {IFACE} type veth peer name {far} netns /proc/{pid}/fd/{far_ns}",
+                f"addr add {address(pid)} dev {IFACE}",
+                "link set dev lo up",
+                f"link set dev {IFACE} up",
+            ],
+        )
+        delay = link is not None and bool(link.delay_ms) and facts()["netem"]
+        own = _shaping(IFACE, link, delay)
+        if own:
+            _run("tc", own)
+        _call("setns", far_ns, CLONE_NEWNET)
+        try:
+            _run("ip", [f"link set dev {far} master {switch}", f"link set dev {far} up"])
+            far_shaping = _shaping(far, link, delay=False)
+            if far_shaping:
+                _run("tc", far_shaping)
+        finally:
+            _call("setns", own_ns, CLONE_NEWNET)
+    finally:
+        if own_ns >= 0:
+            os.close(own_ns)
+    return IFACE
+
+
 def join(link: Any) -> str:
     """A rank's part, called first thing in a rank forked by the host: its own namespace and its link.
 
@@ -151,41 +198,74 @@ def join(link: Any) -> str:
     switch, and gets the same rate, so the limit holds for what the rank receives too. A delay goes on
     the rank's own end only: one way between two ranks is then the delay asked for.
     """
-    pid = os.getpid()
     host_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
-    own_ns = -1
-    far = f"lab{pid}"
     # a rank killed before :func:`leave` leaves its switch end to the kernel's background clean-up
-    subprocess.run([_tool("ip"), "link", "del", far], capture_output=True)
+    subprocess.run([_tool("ip"), "link", "del", f"lab{os.getpid()}"], capture_output=True)
     try:
-        _call("unshare", CLONE_NEWNET)
-        own_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
-        _run(
-            "ip",
-            [
-                f"link add {IFACE} type veth peer name {far} netns /proc/{pid}/fd/{host_ns}",
-                f"addr add {address(pid)} dev {IFACE}",
-                "link set lo up",
-                f"link set {IFACE} up",
-            ],
-        )
-        delay = bool(link.delay_ms) and facts()["netem"]
-        own = _shaping(IFACE, link, delay)
-        if own:
-            _run("tc", own)
-        _call("setns", host_ns, CLONE_NEWNET)
-        try:
-            _run("ip", [f"link set {far} master {BRIDGE}", f"link set {far} up"])
-            far_shaping = _shaping(far, link, delay=False)
-            if far_shaping:
-                _run("tc", far_shaping)
-        finally:
-            _call("setns", own_ns, CLONE_NEWNET)
+        return _own_link(host_ns, BRIDGE, link)
     finally:
         os.close(host_ns)
-        if own_ns >= 0:
-            os.close(own_ns)
-    return IFACE
+
+
+#: A node's switch, and its end of the uplink, in the node's namespace.
+NODE_SWITCH, UPLINK = "nodeswitch", "uplink"
+#: The ranks' namespaces and fds held for the rank's life: a node's namespace lasts while one of its ranks does.
+_held: list[int] = []
+
+
+def _node_namespace(topology: Any, node: int, folder: str, host_ns: int) -> int:
+    """An fd of ``node``'s namespace; the first rank of the node to come makes it, with its switch and uplink.
+
+    ``folder``: the Cluster's private rendezvous folder, where a lock lets one rank per node make it, and a file
+    says where the others find it (``/proc/<pid>/fd/<fd>`` of the rank that made it, alive while they start).
+    """
+    where = os.path.join(folder, f"node{node}.netns")
+    with open(where + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(where):
+            with open(where) as f:
+                return os.open(f.read().strip(), os.O_RDONLY)
+        pid = os.getpid()
+        # unique on the top switch while this Cluster's ranks live (a restart gets a new folder)
+        top = f"up{hashlib.sha1(folder.encode()).hexdigest()[:8]}n{node}"
+        _call("unshare", CLONE_NEWNET)
+        node_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
+        try:
+            _run(
+                "ip",
+                [
+                    f"link add name {NODE_SWITCH} type bridge",
+                    f"link set dev {NODE_SWITCH} up",
+                    f"link add name {UPLINK} type veth peer name {top} netns /proc/{pid}/fd/{host_ns}",
+                    f"link set dev {UPLINK} master {NODE_SWITCH}",
+                    f"link set dev {UPLINK} up",
+                ],
+            )
+            delay = bool(topology.uplink.delay_ms) and facts()["netem"]
+            _run("tc", _shaping(UPLINK, topology.uplink, delay))  # what the node sends
+            _call("setns", host_ns, CLONE_NEWNET)
+            _run("ip", [f"link set dev {top} master {BRIDGE}", f"link set dev {top} up"])
+            _run("tc", _shaping(top, topology.uplink, delay=False))  # what it receives
+        except BaseException:
+            os.close(node_ns)
+            raise
+        with open(where + ".new", "w") as f:
+            f.write(f"/proc/{pid}/fd/{node_ns}")
+        os.replace(where + ".new", where)
+        return node_ns
+
+
+def join_node(topology: Any, rank: int, folder: str) -> str:
+    """A rank's part on a network of nodes, called first thing in a rank forked by the host: like :func:`join`,
+    but the veth's far end goes onto its node's switch (made here if this rank is the node's first), at the
+    topology's rate inside a node (none by default). Returns the interface gloo must use."""
+    host_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
+    try:
+        node_ns = _node_namespace(topology, topology.node_of(rank), folder, host_ns)
+        _held.append(node_ns)  # open until this rank exits: the node's namespace lasts while its ranks do
+        return _own_link(node_ns, NODE_SWITCH, topology.intra)
+    finally:
+        os.close(host_ns)
 
 
 def leave() -> None:

@@ -170,7 +170,8 @@ def worker_main(
     ``store_path``: the FileStore the ranks meet in (:class:`~.store.PrivateRendezvous`). ``environ``: the
     whole environment this rank must see (a rank forked by the rank server inherited the server's; spawned
     ranks copied the notebook's already). ``spec.link``: a :class:`~.link_spec.Link` to sit behind; the rank was
-    forked inside the private network, and makes its own namespace and link first of all.
+    forked inside the private network, and makes its own namespace and link first of all (on its node's switch,
+    where ``spec.topology`` groups the ranks into nodes: ``LOCAL_RANK`` and ``GROUP_RANK`` then say where).
     """
     import signal
 
@@ -186,7 +187,13 @@ def worker_main(
     _exit_when_orphaned()
     channel = Channel(conn, rank)
     try:
-        if spec.link is not None:
+        topology = spec.topology
+        if topology is not None:
+            from .netns_switch import join_node
+
+            # gloo's only way out of this rank's namespace, onto its node's switch
+            os.environ["GLOO_SOCKET_IFNAME"] = join_node(topology, rank, os.path.dirname(store_path))
+        elif spec.link is not None:
             from .netns_switch import join
 
             os.environ["GLOO_SOCKET_IFNAME"] = join(spec.link)  # gloo's only way out of this rank's namespace
@@ -199,12 +206,14 @@ def worker_main(
         # What torchrun would set, so code written for a real cluster finds its bearings (there is no
         # MASTER_PORT: the group exists already, and its store is a file, not a port).
         world_size, timeout_s = spec.world_size, spec.timeout_s
+        local_rank = rank if topology is None else topology.local_rank(rank)
         os.environ.update(
             {
                 "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
+                "LOCAL_RANK": str(local_rank),
                 "WORLD_SIZE": str(world_size),
-                "LOCAL_WORLD_SIZE": str(world_size),
+                "LOCAL_WORLD_SIZE": str(world_size if topology is None else topology.ranks_per_node),
+                "GROUP_RANK": str(0 if topology is None else topology.node_of(rank)),  # torchrun's node rank
                 "MASTER_ADDR": "127.0.0.1",
             }
         )
@@ -217,7 +226,7 @@ def worker_main(
             world_size,
             spec.backend,
             device,
-            local_rank=rank,
+            local_rank=local_rank,
             _sink=lambda event: channel.send(EVENT, event),
             _beat=channel.heartbeat,
             _alive=channel.alive,

@@ -67,8 +67,20 @@ def _check_fits(cluster: Cluster, spec: RankSpec) -> None:
             f"this Cluster's ranks sit behind {have} but the config asks for link={wanted!r}; make the "
             f"Cluster with link={wanted!r}, or leave out cluster="
         )
+    if (cluster.spec.nodes, cluster.spec.intra_link) != (spec.nodes, spec.intra_link):
+        have, wanted = _nodes(cluster.spec), _nodes(spec)
+        raise ValueError(
+            f"this Cluster's ranks are on {have} but the config asks for {wanted}; make the Cluster with "
+            f"{wanted}, or leave out cluster="
+        )
     if cluster.backend != spec.backend:
         raise ValueError(
             f"this Cluster's ranks talk over {cluster.backend} but the config asks for backend={spec.backend!r}; "
             f"make the Cluster with backend={spec.backend!r}, or leave out cluster="
         )
+
+
+def _nodes(spec: RankSpec) -> str:
+    """``nodes=2, intra_link='10gbit'``, as the options are written."""
+    inside = "" if spec.intra_link is None else f", intra_link={spec.intra_link.spec!r}"
+    return f"nodes={spec.nodes}{inside}"

@@ -50,7 +50,7 @@ def get_cluster(
 
 def _but_timeout(spec: RankSpec) -> tuple:
     """A spec less its timeout: the session keeps one set of ranks for each, and a new timeout replaces it."""
-    return (spec.world_size, spec.backend, spec.link, spec.start_method)
+    return (spec.world_size, spec.backend, spec.link, spec.start_method, spec.nodes, spec.intra_link)
 
 
 def warm(ranks: int | RankSpec = 2) -> None:
