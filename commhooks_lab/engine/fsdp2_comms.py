@@ -153,6 +153,18 @@ def _build(name: str, model: torch.nn.Module, world: int) -> None:
         _shard(model, init_device_mesh("cpu", (world,)), plain, none)
     elif name == "reduce_dtype_fp16":
         _shard(model, init_device_mesh("cpu", (world,)), MixedPrecisionPolicy(reduce_dtype=torch.float16), none)
+    elif name == "rs_fp32_force_sum":  # FSDP hands the comm SUM and divides afterwards
+        comm = Wire16ReduceScatter(torch.float32)
+
+        def force_sum(m: Any) -> None:
+            m.set_custom_reduce_scatter(comm)
+            m.set_force_sum_reduction_for_comms(True)
+
+        _shard(model, init_device_mesh("cpu", (world,)), plain, force_sum)
+    elif name == "rs_fp16_reduce_dtype_fp16":  # float16 buffers: SUM, pre- and post-divided by FSDP
+        comm = Wire16ReduceScatter(torch.float16)
+        policy = MixedPrecisionPolicy(reduce_dtype=torch.float16)
+        _shard(model, init_device_mesh("cpu", (world,)), policy, lambda m: m.set_custom_reduce_scatter(comm))
     elif name.startswith("rs_"):
         comm = Wire16ReduceScatter(_DTYPES[name.removeprefix("rs_")])
         _shard(model, init_device_mesh("cpu", (world,)), plain, lambda m: m.set_custom_reduce_scatter(comm))
@@ -179,6 +191,8 @@ SETUPS = {
     "rs_fp32": "set_custom_reduce_scatter(Wire16ReduceScatter(float32)): the default's arithmetic, by all-to-all",
     "rs_fp16": "set_custom_reduce_scatter(Wire16ReduceScatter(float16)): float16 on the wire, float32 sums",
     "rs_bf16": "set_custom_reduce_scatter(Wire16ReduceScatter(bfloat16)): bfloat16 on the wire, float32 sums",
+    "rs_fp32_force_sum": "rs_fp32 with set_force_sum_reduction_for_comms(True): op=SUM, FSDP divides afterwards",
+    "rs_fp16_reduce_dtype_fp16": "Wire16ReduceScatter(float16) under reduce_dtype=float16: SUM, the sum rounded once",
     "hsdp": "fully_shard on a 2-D mesh (replicate x shard): FSDP2's native HSDP, float32 replica all-reduce",
     "hsdp_hook_fp32": "fully_shard on the shard dimension, set_all_reduce_hook averaging replicas in float32",
     "hsdp_hook_fp16": "fully_shard on the shard dimension, set_all_reduce_hook: float16 wire, float32 sums",

@@ -23,7 +23,18 @@ def _runs(world_size: int, setups: list[str]) -> dict:
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    return _runs(2, ["default", "rs_fp32", "rs_fp16", "rs_bf16", "reduce_dtype_fp16"])
+    return _runs(
+        2,
+        [
+            "default",
+            "rs_fp32",
+            "rs_fp32_force_sum",
+            "rs_fp16",
+            "rs_bf16",
+            "reduce_dtype_fp16",
+            "rs_fp16_reduce_dtype_fp16",
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +59,13 @@ def test_a_float32_custom_reduce_scatter_gives_the_default_paths_gradients_bit_f
     """Two addends sum the same in any order, and AVG divides by 2 exactly: the plumbing is all that can differ."""
     assert _same_grads(two_ranks["default"], two_ranks["rs_fp32"])
     assert sum(_column(two_ranks["rs_fp32"], "reduce_scatter_single_bytes")) == 0  # the comm replaced it
+
+
+def test_the_custom_comm_follows_fsdps_op_and_its_divisions(two_ranks):
+    """SUM with FSDP's post-divide (forced sums), and float16 buffers pre-divided by FSDP, as PyTorch's own path."""
+    assert _same_grads(two_ranks["default"], two_ranks["rs_fp32_force_sum"])
+    # float16 buffers: the float32 sum of two float16 values rounded once is what gloo's float16 sum gives
+    assert _same_grads(two_ranks["reduce_dtype_fp16"], two_ranks["rs_fp16_reduce_dtype_fp16"])
 
 
 def test_at_four_ranks_only_the_order_of_the_float32_sums_differs(four_ranks):
