@@ -16,7 +16,8 @@ FSDP2 has no ``GradBucket`` and no futures. Its two places to change gradient co
   replace it. Compressing HSDP's replica leg therefore means ``fully_shard`` on the shard dimension of a
   2-D mesh (FSDP inside a node) and a hook that all-reduces across the replicate dimension itself.
 
-:class:`Wire16ReduceScatter` sends 16-bit values and sums them in float32; :class:`Wire16ReplicaAllReduce`
+:class:`Wire16ReduceScatter` sends 16-bit values and sums them in float32 (optionally with error feedback,
+one memory per module); :class:`Wire16ReplicaAllReduce`
 averages across replicas the same way. With ``dtype=torch.float32`` each does the default path's arithmetic
 (bit for bit at two addends), which is how a test holds their plumbing to PyTorch's own path.
 :func:`fsdp2_comms_job` trains a lab task with one of :data:`SETUPS` and measures each step against the
@@ -66,16 +67,36 @@ class Wire16ReduceScatter(fsdp2_reduce_scatter_base()):  # type: ignore[misc]
     Each rank casts its input once (the only rounding with a float32 reduce_dtype), sends rank r its
     chunk r (all-to-all: (W-1)/W of the input, in ``dtype``), and sums the W chunks it receives in
     float32. The busiest link carries a 16-bit ring reduce-scatter's bytes; no sum is rounded.
+
+    With ``error_feedback`` the cast's rounding error is kept and added to the next call's input, so
+    the roundings cancel over steps. FSDP calls a comm once per module and has no bucket index, so
+    the memory belongs to one module: give each ``fully_shard``ed module its own comm.
     """
 
-    def __init__(self, dtype: torch.dtype = torch.float16) -> None:
+    def __init__(self, dtype: torch.dtype = torch.float16, error_feedback: bool = False) -> None:
         if dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise ValueError(f"dtype must be torch.float16, torch.bfloat16 or torch.float32, got {dtype}")
-        self.dtype = dtype
+        self.dtype, self.error_feedback = dtype, error_feedback
+        self.residual: torch.Tensor | None = None
 
     def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """FSDP's buffers, as its DefaultAllocMixin makes them: the 16-bit copy is made in ``__call__``."""
         return torch.empty(*size, dtype=dtype, device=device)
+
+    def _wire(self, values: torch.Tensor) -> torch.Tensor:
+        """What is sent: the values in ``dtype``, after adding the last call's rounding error (error feedback)."""
+        if not self.error_feedback:
+            return values.to(self.dtype)
+        if self.residual is not None:
+            if self.residual.shape != values.shape:
+                raise ValueError(
+                    f"this comm's error feedback holds a gradient of {self.residual.numel()} values and was handed "
+                    f"{values.numel()}: give each fully_shard-ed module its own Wire16ReduceScatter"
+                )
+            values = values + self.residual
+        wire = values.to(self.dtype)
+        self.residual = values - wire.to(values.dtype)
+        return wire
 
     def __call__(
         self,
@@ -87,7 +108,7 @@ class Wire16ReduceScatter(fsdp2_reduce_scatter_base()):  # type: ignore[misc]
     ) -> dist.Work | None:
         if async_op:  # FSDP 2.13/2.14 never asks; a Work to wait on would need a C++ object
             raise ValueError("Wire16ReduceScatter runs synchronously (FSDP2 calls it with async_op=False)")
-        total = _sum32(input_tensor.to(self.dtype), group)
+        total = _sum32(self._wire(input_tensor), group)
         output_tensor.copy_(reduce_(total, op, dist.get_world_size(group)))
         return None
 
@@ -165,6 +186,13 @@ def _build(name: str, model: torch.nn.Module, world: int) -> None:
         comm = Wire16ReduceScatter(torch.float16)
         policy = MixedPrecisionPolicy(reduce_dtype=torch.float16)
         _shard(model, init_device_mesh("cpu", (world,)), policy, lambda m: m.set_custom_reduce_scatter(comm))
+    elif name.endswith("_ef"):  # error feedback: one comm, and so one memory, per module
+        dtype = _DTYPES[name.removeprefix("rs_").removesuffix("_ef")]
+
+        def own_comm(m: Any) -> None:
+            m.set_custom_reduce_scatter(Wire16ReduceScatter(dtype, error_feedback=True))
+
+        _shard(model, init_device_mesh("cpu", (world,)), plain, own_comm)
     elif name.startswith("rs_"):
         comm = Wire16ReduceScatter(_DTYPES[name.removeprefix("rs_")])
         _shard(model, init_device_mesh("cpu", (world,)), plain, lambda m: m.set_custom_reduce_scatter(comm))
@@ -191,6 +219,8 @@ SETUPS = {
     "rs_fp32": "set_custom_reduce_scatter(Wire16ReduceScatter(float32)): the default's arithmetic, by all-to-all",
     "rs_fp16": "set_custom_reduce_scatter(Wire16ReduceScatter(float16)): float16 on the wire, float32 sums",
     "rs_bf16": "set_custom_reduce_scatter(Wire16ReduceScatter(bfloat16)): bfloat16 on the wire, float32 sums",
+    "rs_fp16_ef": "Wire16ReduceScatter(float16, error_feedback=True), one per module: the roundings cancel over steps",
+    "rs_bf16_ef": "Wire16ReduceScatter(bfloat16, error_feedback=True), one per module",
     "rs_fp32_force_sum": "rs_fp32 with set_force_sum_reduction_for_comms(True): op=SUM, FSDP divides afterwards",
     "rs_fp16_reduce_dtype_fp16": "Wire16ReduceScatter(float16) under reduce_dtype=float16: SUM, the sum rounded once",
     "hsdp": "fully_shard on a 2-D mesh (replicate x shard): FSDP2's native HSDP, float32 replica all-reduce",
@@ -219,7 +249,8 @@ def fsdp2_comms_job(ctx, setup: str, steps: int = 3, seed: int = 0, model: str =
     The reference is the float64 mean of every rank's own unsharded gradient, computed on an unsharded
     copy holding the step's parameters (as :func:`commhooks_lab.engine.fsdp2.fsdp2_job` measures).
     Bytes are counted only while backward runs: the reduce-scatters, the hooks' collectives and the
-    parameters' re-gathers. ``wire_bytes`` is what this process wrote meanwhile (``/proc/self/io``).
+    parameters' re-gathers. ``wire_bytes`` is what this process wrote meanwhile (``/proc/self/io``);
+    ``cumulative_rel_error`` compares the sums over the steps so far (what error feedback keeps close).
     """
     from ..measure.metrics import errors_from_sums
     from ..measure.payload import PayloadCounter, written_bytes
@@ -235,6 +266,7 @@ def fsdp2_comms_job(ctx, setup: str, steps: int = 3, seed: int = 0, model: str =
     loss_fn = task.loss_fn()
     counter = PayloadCounter.install()
     rows, grads = [], []
+    sent_sum, exact_sum = None, None  # the sums over steps: what error feedback keeps close
     for step in range(steps):
         ctx.heartbeat(step)
         x, y = next(batches)
@@ -261,6 +293,9 @@ def fsdp2_comms_job(ctx, setup: str, steps: int = 3, seed: int = 0, model: str =
         h = torch.cat([_full(_grad(p)) for p in net.parameters()])
         optimizer.step()
         diff = h.double() - exact
+        sent_sum = h.double() if sent_sum is None else sent_sum + h.double()
+        exact_sum = exact.clone() if exact_sum is None else exact_sum + exact
+        drift = sent_sum - exact_sum
         rows.append(
             {
                 "step": step,
@@ -268,6 +303,7 @@ def fsdp2_comms_job(ctx, setup: str, steps: int = 3, seed: int = 0, model: str =
                 **errors_from_sums(
                     float(diff @ diff), float(exact @ exact), float(h.double() @ h.double()), float(diff.abs().max())
                 ),
+                "cumulative_rel_error": float(drift.norm() / exact_sum.norm()),
                 "ring_bytes": ring,
                 "wire_bytes": None if wrote is None or wrote_after is None else wrote_after - wrote,
                 "backward_s": elapsed,

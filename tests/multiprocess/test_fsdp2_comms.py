@@ -14,11 +14,15 @@ pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 MLP_PARAMETERS = 9610
 STEPS = 3
+LONGER = 8
 
 
-def _runs(world_size: int, setups: list[str]) -> dict:
+def _runs(world_size: int, setups: list[str], longer: tuple[str, ...] = ()) -> dict:
+    """``STEPS`` steps of each setup, and ``LONGER`` steps of each in ``longer`` (keyed ``name@LONGER``)."""
     with Cluster(world_size=world_size) as cluster:
-        return {name: cluster.run(fsdp2_comms_job, name, STEPS) for name in setups}
+        runs = {name: cluster.run(fsdp2_comms_job, name, STEPS) for name in setups}
+        runs.update({f"{name}@{LONGER}": cluster.run(fsdp2_comms_job, name, LONGER) for name in longer})
+        return runs
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +38,7 @@ def two_ranks():
             "reduce_dtype_fp16",
             "rs_fp16_reduce_dtype_fp16",
         ],
+        longer=("rs_fp16", "rs_fp16_ef"),
     )
 
 
@@ -95,6 +100,16 @@ def test_float32_sums_beat_fsdp2s_own_float16_reduction(two_ranks):
     assert all(e < 1e-6 for e in _column(two_ranks["default"], "rel_error"))
 
 
+def test_error_feedback_cancels_the_roundings_over_steps(two_ranks):
+    """Each step errs more (it also sends the last rounding), but the sum of the steps' gradients stays close."""
+    plain, fed = two_ranks[f"rs_fp16@{LONGER}"], two_ranks[f"rs_fp16_ef@{LONGER}"]
+    assert _column(fed, "rel_error")[0] == _column(plain, "rel_error")[0]  # nothing fed back yet
+    assert sum(_column(fed, "rel_error")[1:]) > sum(_column(plain, "rel_error")[1:])
+    # the drift of the summed gradients: bounded by one residual with feedback, a random walk without
+    assert _column(fed, "cumulative_rel_error")[-1] < 0.6 * _column(plain, "cumulative_rel_error")[-1]
+    assert _column(fed, "all_to_all_single_bytes") == _column(plain, "all_to_all_single_bytes")  # same bytes
+
+
 def test_hsdp_through_the_hook_in_float32_is_native_hsdp_bit_for_bit(four_ranks):
     """Shard inside a node, average across nodes in the hook: (a+b)/2 then (x+y)/2, as FSDP2's native HSDP does."""
     assert _same_grads(four_ranks["hsdp"], four_ranks["hsdp_hook_fp32"])
@@ -135,9 +150,16 @@ def test_the_custom_comm_refuses_what_it_cannot_do(cluster):
                 comm(torch.empty(2), torch.ones(4), dist.group.WORLD, op, async_op=async_op)
             except ValueError as e:
                 out.append(str(e))
+        shared = Wire16ReduceScatter(torch.float16, error_feedback=True)  # one memory handed two modules' gradients
+        shared(torch.empty(2), torch.ones(4), dist.group.WORLD, dist.ReduceOp.AVG)
+        try:
+            shared(torch.empty(3), torch.ones(6), dist.group.WORLD, dist.ReduceOp.AVG)
+        except ValueError as e:
+            out.append(str(e))
         return out
 
     said = cluster.run(refusals)[0]
     assert "SUM or AVG only" in said[0] and "synchronously" in said[1]
+    assert "holds a gradient of 4 values and was handed 6" in said[2] and "its own" in said[2]
     with pytest.raises(ValueError, match="torch.float16, torch.bfloat16 or torch.float32"):
         Wire16ReduceScatter(torch.int8)
