@@ -152,16 +152,16 @@ def _shard(model: torch.nn.Module, mesh: Any, policy: MixedPrecisionPolicy, conf
         configure(module)
 
 
-def _hsdp_mesh(world: int) -> Any:
-    """A 2-D mesh: 2 replicas ("nodes") across, world/2 shards inside each."""
+def _hsdp_mesh(world: int, nodes: int) -> Any:
+    """A 2-D mesh: ``nodes`` replicas across, world/nodes shards inside each."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if world % 2 or world < 4:
-        raise ValueError(f"HSDP here takes an even world size of at least 4 (2 nodes x 2+ ranks), got {world}")
-    return init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    if nodes < 2 or world % nodes or world // nodes < 2:
+        raise ValueError(f"HSDP here takes 2+ nodes of 2+ ranks each, got {world} ranks on {nodes} nodes")
+    return init_device_mesh("cpu", (nodes, world // nodes), mesh_dim_names=("replicate", "shard"))
 
 
-def _build(name: str, model: torch.nn.Module, world: int) -> None:
+def _build(name: str, model: torch.nn.Module, world: int, nodes: int) -> None:
     """Shard ``model`` as the setup ``name`` says (:data:`SETUPS`)."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -197,13 +197,13 @@ def _build(name: str, model: torch.nn.Module, world: int) -> None:
         comm = Wire16ReduceScatter(_DTYPES[name.removeprefix("rs_")])
         _shard(model, init_device_mesh("cpu", (world,)), plain, lambda m: m.set_custom_reduce_scatter(comm))
     elif name == "hsdp":
-        _shard(model, _hsdp_mesh(world), plain, none)
+        _shard(model, _hsdp_mesh(world, nodes), plain, none)
     elif name.startswith("hsdp_hook_"):
-        mesh = _hsdp_mesh(world)
+        mesh = _hsdp_mesh(world, nodes)
         hook = Wire16ReplicaAllReduce(mesh["replicate"].get_group(), _DTYPES[name.removeprefix("hsdp_hook_")])
         _shard(model, mesh["shard"], plain, lambda m: m.set_all_reduce_hook(hook))
     elif name == "hsdp_native_with_hook":
-        mesh = _hsdp_mesh(world)
+        mesh = _hsdp_mesh(world, nodes)
         hook = Wire16ReplicaAllReduce(mesh["replicate"].get_group(), torch.float16)
         _shard(model, mesh, plain, lambda m: m.set_all_reduce_hook(hook))
     else:
@@ -243,8 +243,12 @@ def _grad(p: torch.Tensor) -> torch.Tensor:
     return p.grad
 
 
-def fsdp2_comms_job(ctx, setup: str, steps: int = 3, seed: int = 0, model: str = "mlp", batch_size: int = 32) -> dict:
+def fsdp2_comms_job(
+    ctx, setup: str, steps: int = 3, seed: int = 0, model: str = "mlp", batch_size: int = 32, nodes: int = 2
+) -> dict:
     """Worker: ``steps`` SGD steps of ``model`` under ``setup``; each step's full gradient and its measurement.
+
+    The HSDP setups put the ranks on ``nodes`` replicas of world/nodes shards.
 
     The reference is the float64 mean of every rank's own unsharded gradient, computed on an unsharded
     copy holding the step's parameters (as :func:`commhooks_lab.engine.fsdp2.fsdp2_job` measures).
@@ -260,7 +264,7 @@ def fsdp2_comms_job(ctx, setup: str, steps: int = 3, seed: int = 0, model: str =
     task = build_task(model, seed)
     local = copy.deepcopy(task.model)
     net = task.model
-    _build(setup, net, ctx.world_size)
+    _build(setup, net, ctx.world_size, nodes)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
     batches = rank_batches(task.train, ctx.rank, ctx.world_size, batch_size, seed)
     loss_fn = task.loss_fn()

@@ -17,10 +17,10 @@ STEPS = 3
 LONGER = 8
 
 
-def _runs(world_size: int, setups: list[str], longer: tuple[str, ...] = ()) -> dict:
+def _runs(world_size: int, setups: list[str], longer: tuple[str, ...] = (), nodes: int = 2) -> dict:
     """``STEPS`` steps of each setup, and ``LONGER`` steps of each in ``longer`` (keyed ``name@LONGER``)."""
     with Cluster(world_size=world_size) as cluster:
-        runs = {name: cluster.run(fsdp2_comms_job, name, STEPS) for name in setups}
+        runs = {name: cluster.run(fsdp2_comms_job, name, STEPS, 0, "mlp", 32, nodes) for name in setups}
         runs.update({f"{name}@{LONGER}": cluster.run(fsdp2_comms_job, name, LONGER) for name in longer})
         return runs
 
@@ -45,6 +45,11 @@ def two_ranks():
 @pytest.fixture(scope="module")
 def four_ranks():
     return _runs(4, ["default", "rs_fp32", "hsdp", "hsdp_hook_fp32", "hsdp_hook_fp16", "hsdp_native_with_hook"])
+
+
+@pytest.fixture(scope="module")
+def three_nodes():
+    return _runs(6, ["hsdp", "hsdp_hook_fp32", "hsdp_hook_fp16"], nodes=3)
 
 
 def _column(run: list, name: str) -> list:
@@ -130,6 +135,16 @@ def test_the_replica_hook_halves_the_bytes_between_nodes_and_leaves_those_inside
         assert b32 / 2 <= b16 <= b32 / 2 + 8
     errors = _column(fp16, "rel_error")
     assert all(2**-20 < e <= 2**-10 for e in errors)  # two float16 roundings: the shard and the mean
+
+
+def test_the_replica_hook_is_right_on_three_nodes_too(three_nodes):
+    """Three addends: the hook's float32 sum is native HSDP's up to the order of the additions."""
+    for run in three_nodes.values():
+        assert all(_same_grads(run, [rank]) for rank in run[1:])
+    native, hooked = three_nodes["hsdp"][0]["grads"], three_nodes["hsdp_hook_fp32"][0]["grads"]
+    assert all(torch.allclose(n, h, rtol=1e-5, atol=1e-8) for n, h in zip(native, hooked, strict=True))
+    assert all(2**-20 < e <= 2**-10 for e in _column(three_nodes["hsdp_hook_fp16"], "rel_error"))
+    assert sum(_column(three_nodes["hsdp_hook_fp16"], "all_reduce_bytes")) == 0
 
 
 def test_a_hook_on_native_hsdp_runs_after_its_float32_all_reduce(four_ranks):
