@@ -19,6 +19,7 @@ __all__ = [
     "comm_hook_check_error",
     "compiled_autograd",
     "disable_dynamo_lazily",
+    "fsdp2_reduce_scatter_base",
     "future_type",
     "graph_breaks",
     "intercept_comm_hook_registration",
@@ -200,6 +201,27 @@ def future_type() -> type:
     return base
 
 
+def fsdp2_reduce_scatter_base() -> type:
+    """FSDP2's ``ReduceScatter`` interface, the base a ``set_custom_reduce_scatter`` comm derives from.
+
+    torch 2.13 and 2.14 define it in ``torch.distributed.fsdp._fully_shard._fsdp_api`` (private: not exported
+    by ``torch.distributed.fsdp``), with ``allocate(size, *, dtype, device)`` and ``__call__(output_tensor,
+    input_tensor, group, op, async_op=False)``."""
+    import importlib
+
+    try:
+        base = importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_api").ReduceScatter
+    except (ImportError, AttributeError):
+        base = None
+    expected = ["self", "output_tensor", "input_tensor", "group", "op", "async_op"]
+    if not isinstance(base, type) or list(inspect.signature(base.__call__).parameters) != expected:
+        raise _upstream_changed(
+            "torch.distributed.fsdp._fully_shard._fsdp_api.ReduceScatter is gone or its __call__ changed",
+            "update commhooks_lab._compat.fsdp2_reduce_scatter_base and commhooks_lab.engine.fsdp2_comms",
+        )
+    return base
+
+
 @contextlib.contextmanager
 def intercept_comm_hook_registration(on_register: Callable):
     """While active, ``DDP.register_comm_hook(state, hook)`` calls ``on_register(ddp, state, hook, register)``.
@@ -311,6 +333,7 @@ TOUCHES = (
     ("registration_refusal", "DistributedDataParallel._check_comm_hook (private)"),
     ("comm_hook_check_error", "DistributedDataParallel._check_comm_hook called unbound (private)"),
     ("future_type", "torch._C.Future, the base of every hook future (private)"),
+    ("fsdp2_reduce_scatter_base", "torch.distributed.fsdp._fully_shard._fsdp_api.ReduceScatter (private)"),
     ("intercept_comm_hook_registration", "DistributedDataParallel.register_comm_hook replaced during prepare"),
     ("reset_accelerate_state", "AcceleratorState._reset_state, GradientState._reset_state (private)"),
     ("optimize_ddp", "torch._dynamo.config.optimize_ddp (set before DDP wraps the model)"),

@@ -16,7 +16,7 @@ VERSIONS = _compat.versions()
 def test_every_touch_is_listed_and_exists():
     names = [name for name, _ in _compat.TOUCHES]
     assert all(callable(getattr(_compat, n)) for n in names)
-    assert len(names) == 12
+    assert len(names) == 13
 
 
 def test_power_sgd_defaults_come_from_the_signature():
@@ -96,6 +96,15 @@ def test_every_hook_future_derives_from_the_private_future_type():
     assert issubclass(torch.futures.Future, base), VERSIONS
     chained = torch.futures.Future().then(lambda f: f.value())
     assert isinstance(chained, base) and not isinstance(chained, torch.futures.Future), VERSIONS
+
+
+def test_fsdp2s_reduce_scatter_interface_is_where_the_custom_comm_expects_it():
+    """set_custom_reduce_scatter takes a ReduceScatter: abstract __call__ and allocate; FSDP2's default is one."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
+
+    base = _compat.fsdp2_reduce_scatter_base()
+    assert issubclass(DefaultReduceScatter, base), VERSIONS
+    assert base.__abstractmethods__ == {"__call__", "allocate"}, VERSIONS
 
 
 def test_a_missing_private_name_says_which_versions():
