@@ -221,17 +221,12 @@ def test_the_dashboard_and_the_magics_run_behind_a_link(capsys):
         assert "step_ms" in board.table.value
     finally:
         board.close()
-    from IPython.core.interactiveshell import InteractiveShell
+    from _ddp_magic import ddp_started
 
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "commhooks_lab")
-    try:
-        shell.run_line_magic("ddp", "start -n 2 --link 1gbit")
+    with ddp_started("-n 2 --link 1gbit") as shell:
         assert "each behind a 1gbit link" in capsys.readouterr().out
         shell.run_cell_magic("ddp", "", "import os\nprint(os.environ['GLOO_SOCKET_IFNAME'], world_size)")
         assert "[ranks 0, 1]\neth0 2" in capsys.readouterr().out
-    finally:
-        shell.run_line_magic("ddp", "stop")
 
 
 @needs_links

@@ -6,8 +6,8 @@ import threading
 import time
 
 import pytest
+from _ddp_magic import ddp_started
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 
 import commhooks_lab as lab
 from commhooks_lab.magics import DDPCellError, format_outputs
@@ -17,11 +17,8 @@ pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
 @pytest.fixture(scope="module")
 def shell():
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "commhooks_lab")
-    ip.run_line_magic("ddp", "start -n 2")
-    yield ip
-    ip.run_line_magic("ddp", "stop")
+    with ddp_started("-n 2") as ip:
+        yield ip
 
 
 def cell(shell, code: str, line: str = ""):

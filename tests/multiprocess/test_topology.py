@@ -285,18 +285,13 @@ def test_runs_on_nodes_give_the_same_numbers_as_runs_without():
 
 @needs_links
 def test_the_magics_and_the_command_line_take_nodes(capsys):
-    from IPython.core.interactiveshell import InteractiveShell
+    from _ddp_magic import ddp_started
 
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "commhooks_lab")
-    try:
-        shell.run_line_magic("ddp", "start -n 4 --nodes 2 --link 1gbit")
+    with ddp_started("-n 4 --nodes 2 --link 1gbit") as shell:
         assert "4 ranks ready (backend gloo, on 2 nodes x 2 ranks, 1gbit uplinks)" in capsys.readouterr().out
         shell.run_cell_magic("ddp", "", "import os\nprint('node', os.environ['GROUP_RANK'])")
         out = capsys.readouterr().out
         assert "[ranks 0, 1]\nnode 0" in out and "[ranks 2, 3]\nnode 1" in out, out
-    finally:
-        shell.run_line_magic("ddp", "stop")
     done = subprocess.run(
         [sys.executable, "-m", "commhooks_lab", "--hooks", "fp16", "--steps", "2", "--world-size", "4", "--nodes",
          "2", "--link", "100mbit", "--intra-link", "10gbit", "--timing", "--out", "", "--quiet"],
