@@ -205,9 +205,8 @@ def _through_the_lab(comms: list, cluster: Cluster, **topology) -> dict:
 
 
 @pytest.fixture(scope="module")
-def lab_two_ranks():
-    with Cluster(world_size=2) as cluster:
-        return _through_the_lab(FLAT_COMMS, cluster)
+def lab_two_ranks(cluster):
+    return _through_the_lab(FLAT_COMMS, cluster)
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +255,17 @@ def test_lab_run_uses_the_custom_reduce_scatter_and_measures_it_like_a_ddp_hook(
     assert ((errors > 2**-20) & (errors <= 2**-11)).all() and fp16.steps["compressing"].all()
     assert (fp16.steps["ring_bytes"] < default.steps["ring_bytes"]).all()
     assert (fp16.steps["wire_bytes"] < default.steps["wire_bytes"]).all()
+
+
+def test_rank_spread_sees_ranks_that_end_with_other_gradients(cluster):
+    """The column the runs above hold at 0 is not 0 by construction: ranks 1 apart read 1."""
+
+    def spread(ctx):
+        from commhooks_lab.engine.fsdp2 import _rank_spread
+
+        return _rank_spread(torch.full((3,), float(ctx.rank), dtype=torch.float64))
+
+    assert cluster.run(spread) == [1.0, 1.0]
 
 
 def test_error_feedback_through_the_lab_keeps_the_summed_gradients_closer(lab_two_ranks):
