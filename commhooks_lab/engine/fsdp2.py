@@ -14,7 +14,7 @@ gradients, computed on an unsharded copy of the model that holds the same parame
 (:mod:`commhooks_lab.engine.fsdp2_comm_spec`): the lab's custom reduce-scatter, native HSDP, or HSDP with the
 lab's replica all-reduce hook (:mod:`commhooks_lab.engine.fsdp2_comms`). Each step also reports ``rank_spread``
 (0 when every rank holds the same whole gradient: under HSDP each node gathers its own copy), ``wire_bytes`` and,
-on nodes, ``intra_bytes``/``inter_bytes``.
+``intra_bytes``/``inter_bytes`` (ring bytes on groups inside a node, and across nodes).
 """
 
 from __future__ import annotations
@@ -70,6 +70,16 @@ def _rank_spread(h: torch.Tensor) -> float:
     return float(spread)
 
 
+def _node_split(counter, by_op: dict, comm: str | None, world: int, nodes: int) -> tuple[float, float]:
+    """Ring bytes on groups inside a node and on groups across nodes: the counter's own split where it keeps one
+    (by each call's group), else :func:`~commhooks_lab.engine.fsdp2_comm_spec.split_by_node` from the ops."""
+    from .fsdp2_comm_spec import split_by_node
+
+    if hasattr(counter, "inter_bytes"):
+        return float(counter.intra_bytes), float(counter.inter_bytes)
+    return split_by_node(by_op, comm, world, nodes)
+
+
 def _add_drift(drift, h: torch.Tensor, exact: torch.Tensor):
     """The running sums of ``h - exact`` and of ``exact`` (what error feedback keeps close)."""
     if drift is None:
@@ -95,7 +105,7 @@ def fsdp2_job(ctx, config, choice) -> dict:
     from .data import rank_batches
     from .ddp_job import accuracy, param_digest, run_environment
     from .ddp_setup import make_optimizer
-    from .fsdp2_comm_spec import split_by_node, wire_dtype
+    from .fsdp2_comm_spec import wire_dtype
     from .fsdp2_comms import shard_with
     from .models import build_task
 
@@ -159,8 +169,7 @@ def fsdp2_job(ctx, config, choice) -> dict:
             "cumulative_rel_error": float(drift[0].norm() / drift[1].norm()),
             **{f"{op}_bytes": n for op, n in counted[0].items()},
         }
-        if nodes > 1:
-            row["intra_bytes"], row["inter_bytes"] = split_by_node(counted[0], comm, ctx.world_size, nodes)
+        row["intra_bytes"], row["inter_bytes"] = _node_split(counter, counted[0], comm, ctx.world_size, nodes)
         steps.append(row)
         sizes = [p.numel() for p in local.parameters()]
         for name, size, hp, ep in zip(names, sizes, h.split(sizes), exact.split(sizes)):

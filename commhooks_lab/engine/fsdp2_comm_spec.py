@@ -167,32 +167,25 @@ _SENT: dict[str, Callable[[int], float]] = {
 
 
 def split_by_node(by_op: Mapping[str, float], spec: str | None, world_size: int, nodes: int) -> tuple[float, float]:
-    """(bytes sent inside this rank's node, bytes sent to other nodes) from the payload handed to each op.
+    """(``intra_bytes``, ``inter_bytes``): the ring bytes this rank sends (the counting rules' algorithms) on groups
+    inside one node, and on groups that span nodes, from the payload handed to each op.
 
-    Under HSDP the shard collectives (``reduce_scatter_single``, ``all_gather_single``) stay in a node and the
-    replica ones (``all_reduce``, the hook's ``all_to_all_single`` and ``all_gather``) cross: one rank per node.
-    On one mesh of every rank across nodes of M ranks, a ring crosses nodes on 1 hop in M (the share is the mean
-    over ranks) and an all-to-all sends W-M of its W-1 chunks off the node.
+    The probe's definition for DDP hooks: a collective over a group that spans nodes counts whole as between
+    nodes (its sequential hops are as slow as the crossing ones). Under HSDP the shard collectives
+    (``reduce_scatter_single``, ``all_gather_single``) stay in a node and the replica ones (``all_reduce``, the
+    hook's ``all_to_all_single`` and ``all_gather``) span them; on one mesh of every rank over 2+ nodes, all span.
     """
     shard_world, replicas = _groups(spec, world_size, nodes)
-    per_node = world_size // nodes
     intra = inter = 0.0
     for op, payload in by_op.items():
-        hsdp_replica = replicas > 1 and op in ("all_reduce", "all_to_all_single", "all_gather")
-        group = replicas if hsdp_replica else shard_world
         if op not in _SENT:
-            raise ValueError(f"no node split for {op!r} in an FSDP2 run")
-        sent = payload * _SENT[op](group)
-        if hsdp_replica:
-            across = 1.0
-        elif replicas > 1 or nodes == 1:
-            across = 0.0
-        elif op == "all_to_all_single":
-            across = (world_size - per_node) / (world_size - 1)
+            raise ValueError(f"no byte rule for {op!r} in an FSDP2 run")
+        replica_op = replicas > 1 and op in ("all_reduce", "all_to_all_single", "all_gather")
+        sent = payload * _SENT[op](replicas if replica_op else shard_world)
+        if replica_op or (replicas == 1 and nodes > 1):
+            inter += sent
         else:
-            across = 1 / per_node
-        inter += sent * across
-        intra += sent * (1 - across)
+            intra += sent
     return intra, inter
 
 

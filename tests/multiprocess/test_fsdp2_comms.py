@@ -231,11 +231,7 @@ def _counted_columns(steps) -> list[str]:
 def _check_rule(result) -> None:
     """Every counted column, every step, is the byte rule's number (payload by op, and the node split)."""
     rule, steps = _rule(result), result.steps
-    assert (
-        _counted_columns(steps)
-        == sorted(k for k in rule if k in steps.columns)
-        == sorted(k for k in rule if (k not in ("intra_bytes", "inter_bytes") or result.config["nodes"] > 1))
-    )
+    assert _counted_columns(steps) == sorted(rule)
     for column in _counted_columns(steps):
         assert (steps[column] == rule[column]).all(), (result.name, column, list(steps[column]), rule[column])
 
@@ -246,7 +242,8 @@ def test_lab_run_uses_the_custom_reduce_scatter_and_measures_it_like_a_ddp_hook(
     assert any("set_custom_reduce_scatter" in n for n in fp16.notes)
     for result in lab_two_ranks.values():
         assert (result.steps["rank_spread"] == 0).all() and result.ranks_agree
-        assert "intra_bytes" not in result.steps  # one node: no split
+        steps = result.steps  # one node: every byte stays inside it
+        assert (steps["intra_bytes"] == steps["ring_bytes"]).all() and (steps["inter_bytes"] == 0).all()
     # float32 on the wire: the default path's arithmetic at 2 ranks, every step's error to the last bit
     assert list(fp32.steps["rel_error"]) == list(default.steps["rel_error"]) and not fp32.steps["compressing"].any()
     assert (fp32.steps["all_to_all_single_bytes"] == MLP_PARAMETERS * 4).all()
@@ -296,8 +293,8 @@ def test_on_two_nodes_hsdp_and_its_replica_hook_run_through_the_lab(lab_on_nodes
     half = native.steps["inter_bytes"] / 2  # and 16 bits: half, but for each module's shard padded to 2 pieces
     assert ((half <= hooked16.steps["inter_bytes"]) & (hooked16.steps["inter_bytes"] <= half + 8)).all()
     assert ((hooked16.steps["rel_error"] > 2**-20) & (hooked16.steps["rel_error"] <= 2**-10)).all()
-    # flat FSDP over both nodes sends its reduce-scatter and re-gather across them too
-    assert (flat.steps["inter_bytes"] > native.steps["inter_bytes"]).all()
+    # flat FSDP's every collective spans both nodes: all its ring bytes count as between them
+    assert (flat.steps["inter_bytes"] == flat.steps["ring_bytes"]).all() and (flat.steps["intra_bytes"] == 0).all()
     bf16 = lab_on_nodes["wire16_reduce_scatter[dtype=bfloat16]"]
     assert ((bf16.steps["rel_error"] > 2**-11) & (bf16.steps["rel_error"] <= 2**-8)).all()
 
