@@ -9,6 +9,7 @@ from typing import Any
 
 from .engine.config import ExperimentConfig
 from .engine.dispatch import job_for
+from .engine.fsdp2_comm_spec import run_name
 from .hooks.choice import HookChoice
 from .hooks.powersgd import SHORT_RUN_START
 from .launcher import Cluster, Ranks, RankSpec
@@ -113,7 +114,7 @@ def assemble_result(
     """The ranks' return values as one Result, with the notes only the whole run can tell (``spec``: the ranks it
     ran on, behind its link; None under torchrun)."""
     record = config.to_dict()
-    result = from_ranks({**record, "name": config.label or choice.name}, ranks)
+    result = from_ranks({**record, "name": config.label or run_name(choice.name, config.fsdp2_comm)}, ranks)
     result.env["start_method"] = start_method
     note = _never_compressed_note(config, choice, result)
     if note:

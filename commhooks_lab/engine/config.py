@@ -20,6 +20,7 @@ from ..hooks.choice import HookChoice, check_hook_choice, split_spec
 from ..launcher.link_spec import payload_share
 from ..launcher.options import DEFAULT_TIMEOUT_S, check_common_options
 from ..launcher.rank_spec import RankSpec
+from .fsdp2_comm_spec import check_fsdp2_comm, run_name
 from .models import TASKS, effective_seed, resolve_task_factory
 
 __all__ = ["COMPILE_BACKEND", "COMPILE_MODES", "ExperimentConfig", "fsdp2_hooks"]
@@ -102,6 +103,7 @@ class ExperimentConfig:
     nodes: int = 1  # 2 or more: ranks grouped into nodes, link= is then each node's one uplink (launcher.topology)
     intra_link: str | None = None  # with nodes=: each rank's link inside its node (None: no limit)
     timing: bool = False  # time DDP's own overlap: the hook runs as registered, unprobed (needs measure=False)
+    fsdp2_comm: str | None = None  # api='fsdp2': what moves the gradients (engine.fsdp2_comm_spec); None: PyTorch's
 
     def __post_init__(self) -> None:
         self.hook, self.state_options = split_spec(self.hook, self.state_options)  # "topk[ratio=0.05]"
@@ -171,6 +173,9 @@ class ExperimentConfig:
             _check_accelerate(choice)
         if self.api == "fsdp2":
             _check_fsdp2(choice)
+        check_fsdp2_comm(
+            self.fsdp2_comm, self.api, getattr(choice.entry, "fsdp2_reduce_dtype", None), self.world_size, self.nodes
+        )
         _check_compile(self, choice)
         self._check_checkpointing(choice)
         return choice, spec
@@ -212,7 +217,8 @@ class ExperimentConfig:
     def name(self) -> str:
         if self.label:
             return self.label
-        return check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory).name
+        hook = check_hook_choice(self.hook, self.wrapper, self.state_options, self.state_factory).name
+        return run_name(hook, self.fsdp2_comm)
 
     def replace(self, **changes) -> ExperimentConfig:
         return dataclasses.replace(self, **changes)

@@ -10,7 +10,11 @@ gradients, computed on an unsharded copy of the model that holds the same parame
 ``rel_error``, ``cosine`` and per-parameter rows as a DDP run, and the bytes per collective.
 
 ``reduce_dtype`` is chosen with the hook names a DDP user knows: ``allreduce`` (float32),
-``fp16`` (float16) and ``bf16`` (bfloat16).
+``fp16`` (float16) and ``bf16`` (bfloat16). ``config.fsdp2_comm`` swaps what moves the gradients
+(:mod:`commhooks_lab.engine.fsdp2_comm_spec`): the lab's custom reduce-scatter, native HSDP, or HSDP with the
+lab's replica all-reduce hook (:mod:`commhooks_lab.engine.fsdp2_comms`). Each step also reports ``rank_spread``
+(0 when every rank holds the same whole gradient: under HSDP each node gathers its own copy), ``wire_bytes`` and,
+``intra_bytes``/``inter_bytes`` (ring bytes on groups inside a node, and across nodes).
 """
 
 from __future__ import annotations
@@ -57,28 +61,72 @@ def _errors(h: torch.Tensor, exact: torch.Tensor) -> dict:
     return errors_from_sums(float(diff @ diff), float(exact @ exact), float(h @ h), float(diff.abs().max()))
 
 
+def _rank_spread(h: torch.Tensor) -> float:
+    """max |h_r - h_0| over ranks and entries (uncounted): 0 when every rank ends with the same whole gradient."""
+    first = h.clone()
+    dist.broadcast(first, 0)
+    spread = (h - first).abs().max().reshape(1)
+    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+    return float(spread)
+
+
+def _node_split(counter, by_op: dict, comm: str | None, world: int, nodes: int) -> tuple[float, float]:
+    """Ring bytes on groups inside a node and on groups across nodes: the counter's own split where it keeps one
+    (by each call's group), else :func:`~commhooks_lab.engine.fsdp2_comm_spec.split_by_node` from the ops."""
+    from .fsdp2_comm_spec import split_by_node
+
+    if hasattr(counter, "inter_bytes"):
+        return float(counter.intra_bytes), float(counter.inter_bytes)
+    return split_by_node(by_op, comm, world, nodes)
+
+
+def _add_drift(drift, h: torch.Tensor, exact: torch.Tensor):
+    """The running sums of ``h - exact`` and of ``exact`` (what error feedback keeps close)."""
+    if drift is None:
+        return h - exact, exact.clone()
+    return drift[0] + (h - exact), drift[1] + exact
+
+
+def _comm_note(spec: str) -> str:
+    from .fsdp2_comm_spec import COMMS, parse_fsdp2_comm
+
+    name, options = parse_fsdp2_comm(spec)
+    assert name is not None
+    said = ", ".join(f"{k}={v}" for k, v in options.items())
+    return f"fsdp2_comm={name}" + (f" ({said})" if said else "") + f": {COMMS[name].summary}."
+
+
 def fsdp2_job(ctx, config, choice) -> dict:
     """Worker: train ``config.steps`` steps with FSDP2 and measure each one; rank 0 returns the tables.
 
     ``choice`` (the checked hook choice, the same call shape as ``ddp_job``) names the reduce_dtype.
     """
-    from ..measure.payload import PayloadCounter
+    from ..measure.payload import PayloadCounter, written_bytes
     from .data import rank_batches
     from .ddp_job import accuracy, param_digest, run_environment
     from .ddp_setup import make_optimizer
+    from .fsdp2_comm_spec import wire_dtype
+    from .fsdp2_comms import shard_with
     from .models import build_task
 
     dtype = reduce_dtype(choice)
+    comm = getattr(config, "fsdp2_comm", None)
+    nodes = getattr(config, "nodes", 1)
     task = build_task(config.model, config.seed)
     local = copy.deepcopy(task.model)  # unsharded copy: each rank's own gradient, as DDP's probe sees it
     model = task.model
-    _shard(model, dtype)
+    if comm is None:
+        _shard(model, dtype)
+    else:
+        shard_with(model, comm, dtype, ctx.world_size, nodes)
+    compressing = wire_dtype(comm, str(dtype).removeprefix("torch.")) != "float32"
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
     names = [n for n, _ in local.named_parameters()]
     batches = rank_batches(task.train, ctx.rank, ctx.world_size, config.batch_size, config.seed)
     loss_fn = task.loss_fn()
     counter = PayloadCounter.install()
     steps, layers = [], []
+    drift = None  # the sums over steps of h - exact and of exact: cumulative_rel_error
     for step in range(config.steps):
         ctx.heartbeat(step)
         x, y = next(batches)
@@ -92,9 +140,11 @@ def fsdp2_job(ctx, config, choice) -> dict:
         optimizer.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         counter.reset()
+        wrote = written_bytes()
         counter.active = True
         loss.backward()
         counter.active = False
+        wrote_after = written_bytes()
         counted = dict(counter.bytes_by_op), counter.payload_bytes, counter.ring_bytes
         h = torch.cat([_full(p.grad).reshape(-1) for p in model.parameters() if p.grad is not None]).double()
         optimizer.step()
@@ -102,19 +152,24 @@ def fsdp2_job(ctx, config, choice) -> dict:
         exact = g.clone()
         dist.all_reduce(exact)
         exact /= ctx.world_size
+        drift = _add_drift(drift, h, exact)
         total_loss = loss.detach().double().reshape(1)
         dist.all_reduce(total_loss)
-        row = {
+        row: dict = {
             "step": step,
             "loss": float(total_loss) / ctx.world_size,
             "payload_bytes": counted[1],
             "ring_bytes": counted[2],
             "uncompressed_bytes": g.numel() * 4,
             "step_time_s": elapsed,
-            "compressing": dtype != torch.float32,
+            "wire_bytes": math.nan if wrote is None or wrote_after is None else wrote_after - wrote,
+            "compressing": compressing,
             **_errors(h, exact),
+            "rank_spread": _rank_spread(h),
+            "cumulative_rel_error": float(drift[0].norm() / drift[1].norm()),
             **{f"{op}_bytes": n for op, n in counted[0].items()},
         }
+        row["intra_bytes"], row["inter_bytes"] = _node_split(counter, counted[0], comm, ctx.world_size, nodes)
         steps.append(row)
         sizes = [p.numel() for p in local.parameters()]
         for name, size, hp, ep in zip(names, sizes, h.split(sizes), exact.split(sizes)):
@@ -134,7 +189,8 @@ def fsdp2_job(ctx, config, choice) -> dict:
         "notes": [
             f"fsdp2: fully_shard with MixedPrecisionPolicy(reduce_dtype={dtype}); gradients are "
             "reduce-scattered (each rank keeps 1/W of the mean) and parameters all-gathered for forward and backward, "
-            "so its bytes per step are not DDP's all-reduce bytes."
+            "so its bytes per step are not DDP's all-reduce bytes.",
+            *([_comm_note(comm)] if comm is not None else []),
         ],
         "sample": None,
         "final": {

@@ -37,7 +37,15 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from .._compat import fsdp2_reduce_scatter_base
 
-__all__ = ["SETUPS", "Wire16ReduceScatter", "Wire16ReplicaAllReduce", "fsdp2_comms_job", "reduce_"]
+__all__ = [
+    "SETUPS",
+    "Wire16ReduceScatter",
+    "Wire16ReplicaAllReduce",
+    "fsdp2_comms_job",
+    "module_shapes",
+    "reduce_",
+    "shard_with",
+]
 
 
 def reduce_(total: torch.Tensor, op: Any, world: int) -> torch.Tensor:
@@ -139,9 +147,51 @@ class Wire16ReplicaAllReduce:
 
 
 def _modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules the lab shards, leaves first: every Linear and Conv2d, then the root."""
-    leaves = [m for m in model.modules() if isinstance(m, torch.nn.Linear | torch.nn.Conv2d)]
+    """The modules the lab shards, leaves first: every Linear and Conv2d, then the root (once, if it is one)."""
+    leaves = [m for m in model.modules() if isinstance(m, torch.nn.Linear | torch.nn.Conv2d) and m is not model]
     return [*leaves, model]
+
+
+def module_shapes(model: torch.nn.Module) -> list[tuple[list[tuple[int, ...]], bool]]:
+    """Each module the lab shards: its own parameters' shapes (not those of a sharded module inside it), and
+    whether it re-gathers them in backward (all but the root): the byte rule's input
+    (:func:`commhooks_lab.engine.fsdp2_comm_spec.fsdp2_traffic`)."""
+    modules = _modules(model)
+    owner: dict[int, torch.nn.Module] = {}
+    for module in modules:  # leaves first: a parameter belongs to the first sharded module that holds it
+        for p in module.parameters():
+            owner.setdefault(id(p), module)
+    return [
+        ([tuple(p.shape) for p in module.parameters() if owner[id(p)] is module], module is not model)
+        for module in modules
+    ]
+
+
+def shard_with(model: torch.nn.Module, spec: str, reduce_dtype: torch.dtype, world: int, nodes: int) -> None:
+    """``fully_shard`` ``model`` for ``lab.run(api='fsdp2', fsdp2_comm=spec)`` (checked already,
+    :mod:`commhooks_lab.engine.fsdp2_comm_spec`): one ``Wire16ReduceScatter`` per module (each its own error
+    feedback memory), native HSDP, or FSDP on each node's ranks with the replica hook."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .fsdp2_comm_spec import parse_fsdp2_comm
+
+    name, options = parse_fsdp2_comm(spec)
+    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    if name == "wire16_reduce_scatter":
+        dtype, feedback = getattr(torch, options["dtype"]), options["error_feedback"]
+
+        def own_comm(m: Any) -> None:
+            m.set_custom_reduce_scatter(Wire16ReduceScatter(dtype, error_feedback=feedback))
+
+        _shard(model, init_device_mesh("cpu", (world,)), policy, own_comm)
+    elif name == "hsdp":
+        _shard(model, _hsdp_mesh(world, nodes), policy, lambda m: None)
+    elif name == "hsdp_wire16":
+        mesh = _hsdp_mesh(world, nodes)
+        hook = Wire16ReplicaAllReduce(mesh["replicate"].get_group(), getattr(torch, options["dtype"]))
+        _shard(model, mesh["shard"], policy, lambda m: m.set_all_reduce_hook(hook))
+    else:
+        raise ValueError(f"no fsdp2_comm {spec!r}")
 
 
 def _shard(model: torch.nn.Module, mesh: Any, policy: MixedPrecisionPolicy, configure: Callable) -> None:

@@ -300,6 +300,41 @@ ONE_RANK_NOTE = (
 )
 
 
+#: What the custom reduce-scatter's row says when it ran: FSDP2 calls it at 2+ ranks, the child has one.
+CUSTOM_REDUCE_SCATTER_NOTE = (
+    "called: the lab builds one, Wire16ReduceScatter (lab.run(api='fsdp2', fsdp2_comm='wire16_reduce_scatter')); "
+    "here set on a one-rank sharded model for one step, and called once as FSDP2 calls it at 2+ ranks"
+)
+
+
+def _custom_reduce_scatter(configured: Callable) -> dict:
+    """The lab's own ``ReduceScatter``: set on a one-rank model for a step (FSDP2 skips the reduce-scatter at one
+    rank), then called with the arguments ``foreach_reduce`` passes, on this one-rank group: AVG of one rank's
+    16-bit values gives them back, rounded to 16 bits."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    if not hasattr(fully_shard(torch.nn.Linear(2, 2)), "set_custom_reduce_scatter"):
+        return {"runs": False, "note": "not on this build"}
+
+    def run() -> None:
+        from ..engine.fsdp2_comms import Wire16ReduceScatter
+
+        comm = Wire16ReduceScatter(torch.float16)
+        configured(lambda model: model.set_custom_reduce_scatter(comm))()
+        values = torch.linspace(-1, 1, 8)
+        output = comm.allocate((8,), dtype=torch.float32, device=values.device)
+        group = dist.group.WORLD
+        assert group is not None  # the child's one-rank process group
+        comm(output, values, group, dist.ReduceOp.AVG)
+        if not torch.equal(output, values.half().float()):
+            raise AssertionError(f"Wire16ReduceScatter gave {output.tolist()} for {values.tolist()}")
+
+    error = _try(run)
+    return {"runs": error is None, "note": error or CUSTOM_REDUCE_SCATTER_NOTE}
+
+
 def _fsdp2_hook_points() -> dict[str, dict]:
     """FSDP2's places to change gradient communication, each tried on a sharded model for one step."""
     import torch
@@ -358,12 +393,8 @@ def _fsdp2_hook_points() -> dict[str, dict]:
             "fsdp2": True,
             "needs": "torch >= 2.6 (FSDP2, fully_shard); any backend",
         }
-    found = hasattr(fully_shard(torch.nn.Linear(2, 2)), "set_custom_reduce_scatter")
     out["set_custom_reduce_scatter"] = {
-        "runs": False,  # looked up, never called: the lab builds no ReduceScatter comm object
-        "note": "present on this build, not called: the lab builds no custom ReduceScatter"
-        if found
-        else "not on this build",
+        **_custom_reduce_scatter(configured),
         "what": "replace the reduce-scatter itself (a ReduceScatter comm object; one param group only)",
         "fsdp2": True,
         "needs": "torch >= 2.6 (FSDP2, fully_shard); any backend",

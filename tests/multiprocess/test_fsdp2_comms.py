@@ -6,9 +6,13 @@ arithmetic is the same), to the float64 mean of the ranks' gradients, and to the
 
 import pytest
 import torch
+from conftest import live_children
 
+import commhooks_lab as lab
 from commhooks_lab import Cluster
-from commhooks_lab.engine.fsdp2_comms import Wire16ReduceScatter, fsdp2_comms_job
+from commhooks_lab.engine.fsdp2_comm_spec import fsdp2_traffic
+from commhooks_lab.engine.fsdp2_comms import Wire16ReduceScatter, fsdp2_comms_job, module_shapes
+from commhooks_lab.launcher import netns_switch
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -178,3 +182,165 @@ def test_the_custom_comm_refuses_what_it_cannot_do(cluster):
     assert "holds a gradient of 4 values and was handed 6" in said[2] and "its own" in said[2]
     with pytest.raises(ValueError, match="torch.float16, torch.bfloat16 or torch.float32"):
         Wire16ReduceScatter(torch.int8)
+
+
+# -- the same comms from the lab's front door: lab.run / lab.compare(api="fsdp2", fsdp2_comm=...) ---------------------
+
+WHY_NOT = netns_switch.why_unavailable()
+needs_links = pytest.mark.skipif(WHY_NOT is not None, reason=f"no private network here: {WHY_NOT}")
+#: Nodes behind a fast uplink: the topology is what matters here (the groups, the bytes), not the rate.
+ON_NODES = {"world_size": 4, "nodes": 2, "link": "1gbit"}
+FLAT_COMMS = [
+    None,
+    "wire16_reduce_scatter[dtype=float32]",
+    "wire16_reduce_scatter",
+    "wire16_reduce_scatter[error_feedback=true]",
+]
+NODE_COMMS = [None, "wire16_reduce_scatter[dtype=bfloat16]", "hsdp", "hsdp_wire16[dtype=float32]", "hsdp_wire16"]
+
+
+def _through_the_lab(comms: list, cluster: Cluster, **topology) -> dict:
+    results = lab.compare([{"fsdp2_comm": c} for c in comms], api="fsdp2", steps=STEPS, cluster=cluster, **topology)
+    return dict(zip(comms, results, strict=True))
+
+
+@pytest.fixture(scope="module")
+def lab_two_ranks(cluster):
+    return _through_the_lab(FLAT_COMMS, cluster)
+
+
+@pytest.fixture(scope="module")
+def lab_on_nodes():
+    with Cluster(**ON_NODES) as cluster:
+        return _through_the_lab(NODE_COMMS, cluster, **ON_NODES)
+
+
+def _rule(result) -> dict:
+    from commhooks_lab.engine.models import build_task
+
+    config = result.config
+    shapes = module_shapes(build_task(config["model"], config["seed"]).model)
+    return fsdp2_traffic(config["fsdp2_comm"], shapes, config["world_size"], config["nodes"], "float32")
+
+
+def _counted_columns(steps) -> list[str]:
+    ignored = {"ring_bytes", "uncompressed_bytes", "wire_bytes"}
+    return sorted(c for c in steps.columns if c.endswith("_bytes") and c not in ignored)
+
+
+def _check_rule(result) -> None:
+    """Every counted column, every step, is the byte rule's number (payload by op, and the node split)."""
+    rule, steps = _rule(result), result.steps
+    assert _counted_columns(steps) == sorted(rule)
+    for column in _counted_columns(steps):
+        assert (steps[column] == rule[column]).all(), (result.name, column, list(steps[column]), rule[column])
+
+
+def test_lab_run_uses_the_custom_reduce_scatter_and_measures_it_like_a_ddp_hook(lab_two_ranks):
+    default, fp32, fp16 = (lab_two_ranks[c] for c in FLAT_COMMS[:3])
+    assert default.name == "allreduce" and fp16.name == "allreduce+wire16_reduce_scatter float16"
+    assert any("set_custom_reduce_scatter" in n for n in fp16.notes)
+    for result in lab_two_ranks.values():
+        assert (result.steps["rank_spread"] == 0).all() and result.ranks_agree
+        steps = result.steps  # one node: every byte stays inside it
+        assert (steps["intra_bytes"] == steps["ring_bytes"]).all() and (steps["inter_bytes"] == 0).all()
+    # float32 on the wire: the default path's arithmetic at 2 ranks, every step's error to the last bit
+    assert list(fp32.steps["rel_error"]) == list(default.steps["rel_error"]) and not fp32.steps["compressing"].any()
+    assert (fp32.steps["all_to_all_single_bytes"] == MLP_PARAMETERS * 4).all()
+    assert "reduce_scatter_single_bytes" not in fp32.steps  # the comm replaced FSDP2's reduce-scatter
+    errors = fp16.steps["rel_error"]
+    assert ((errors > 2**-20) & (errors <= 2**-11)).all() and fp16.steps["compressing"].all()
+    assert (fp16.steps["ring_bytes"] < default.steps["ring_bytes"]).all()
+    assert (fp16.steps["wire_bytes"] < default.steps["wire_bytes"]).all()
+
+
+def test_rank_spread_sees_ranks_that_end_with_other_gradients(cluster):
+    """The column the runs above hold at 0 is not 0 by construction: ranks 1 apart read 1."""
+
+    def spread(ctx):
+        from commhooks_lab.engine.fsdp2 import _rank_spread
+
+        return _rank_spread(torch.full((3,), float(ctx.rank), dtype=torch.float64))
+
+    assert cluster.run(spread) == [1.0, 1.0]
+
+
+def test_error_feedback_through_the_lab_keeps_the_summed_gradients_closer(lab_two_ranks):
+    plain, fed = lab_two_ranks[FLAT_COMMS[2]], lab_two_ranks[FLAT_COMMS[3]]
+    assert fed.name.endswith("float16 error_feedback")
+    assert fed.steps["rel_error"].iloc[0] == plain.steps["rel_error"].iloc[0]  # nothing fed back yet
+    assert fed.steps["cumulative_rel_error"].iloc[-1] < 0.7 * plain.steps["cumulative_rel_error"].iloc[-1]
+
+
+def test_each_comms_byte_rule_is_the_bytes_counted_at_two_ranks(lab_two_ranks):
+    for result in lab_two_ranks.values():
+        _check_rule(result)
+
+
+@needs_links
+def test_on_two_nodes_hsdp_and_its_replica_hook_run_through_the_lab(lab_on_nodes):
+    flat, native, hooked32, hooked16 = (
+        lab_on_nodes[c] for c in (None, "hsdp", "hsdp_wire16[dtype=float32]", "hsdp_wire16")
+    )
+    for result in lab_on_nodes.values():
+        assert (result.steps["rank_spread"] == 0).all() and result.ranks_agree
+        assert any("2 nodes" in n for n in result.notes)
+        _check_rule(result)
+    # the float32 hook is native HSDP bit for bit ((a+b)/2 then (x+y)/2); 16 bits halve what crosses the nodes
+    assert list(hooked32.steps["rel_error"]) == list(native.steps["rel_error"])
+    assert (hooked32.steps["intra_bytes"] == native.steps["intra_bytes"]).all()
+    assert (native.steps["inter_bytes"] == MLP_PARAMETERS * 4 // 2).all()  # a 2-replica ring of the float32 shard
+    half = native.steps["inter_bytes"] / 2  # and 16 bits: half, but for each module's shard padded to 2 pieces
+    assert ((half <= hooked16.steps["inter_bytes"]) & (hooked16.steps["inter_bytes"] <= half + 8)).all()
+    assert ((hooked16.steps["rel_error"] > 2**-20) & (hooked16.steps["rel_error"] <= 2**-10)).all()
+    # flat FSDP's every collective spans both nodes: all its ring bytes count as between them
+    assert (flat.steps["inter_bytes"] == flat.steps["ring_bytes"]).all() and (flat.steps["intra_bytes"] == 0).all()
+    bf16 = lab_on_nodes["wire16_reduce_scatter[dtype=bfloat16]"]
+    assert ((bf16.steps["rel_error"] > 2**-11) & (bf16.steps["rel_error"] <= 2**-8)).all()
+
+
+def test_the_byte_rule_pads_each_shard_as_fsdp2_does():
+    """Rows split ceil(d0/W) per rank, the root re-gathers nothing: the counted numbers above are not a fluke."""
+    odd = [([(5, 3), (5,)], True), ([(7,)], False)]  # a 5-row layer and a root with its own 7-vector
+    rule = fsdp2_traffic(None, odd, 4)
+    assert rule["all_gather_single_bytes"] == 4 * (2 * 3 + 2)  # 2 of 5 rows (padded), the root's none
+    assert rule["reduce_scatter_single_bytes"] == 4 * 4 * (2 * 3 + 2 + 2)
+    hsdp = fsdp2_traffic("hsdp_wire16[dtype=bfloat16]", odd, 4, nodes=2)
+    # shards over a node's 2 ranks: 3 of 5 rows x 3 + 3 = 12 and 4 of 7; each cut into 2 pieces, 6 and 2
+    assert hsdp["reduce_scatter_single_bytes"] == 4 * 2 * (12 + 4) and hsdp["all_gather_single_bytes"] == 4 * 12
+    assert hsdp["all_to_all_single_bytes"] == 2 * 2 * (6 + 2) and hsdp["all_gather_bytes"] == 2 * (6 + 2)
+    # between nodes: half the all-to-all and the whole all-gather; inside: half the reduce-scatter, the re-gather
+    assert hsdp["inter_bytes"] == 16 + 16 and hsdp["intra_bytes"] == 64 + 48
+    assert fsdp2_traffic(None, odd, 1)["payload_bytes"] == 0  # one rank: FSDP2 copies
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"fsdp2_comm": "wire16_reduce_scatter"}, r"FSDP2's communication and api='torch' runs DDP.*pass api='fsdp2'"),
+        ({"api": "fsdp2", "fsdp2_comm": "hsdp"}, r"is HSDP.*needs nodes=2 or more with 2 or more ranks each.*nodes=1"),
+        ({"api": "fsdp2", "fsdp2_comm": "hsdp_wire16", "world_size": 4, "nodes": 4, "link": "1gbit"},
+         r"\(1 rank\(s\) per node\)"),
+        ({"api": "fsdp2", "fsdp2_comm": "hsdp_wire16", "hook": "fp16", **ON_NODES}, "use hook='allreduce'"),
+        ({"api": "fsdp2", "hook": "power_sgd", "fsdp2_comm": "wire16_reduce_scatter"}, r"api='fsdp2' takes hook in"),
+        ({"api": "fsdp2", "fsdp2_comm": "wire16_allreduce"}, r"unknown fsdp2_comm 'wire16_allreduce'"),
+        ({"api": "fsdp2", "fsdp2_comm": "hsdp[dtype=float16]"}, "it takes no options"),
+        ({"api": "fsdp2", "fsdp2_comm": "wire16_reduce_scatter[ratio=2]"}, r"unknown option 'ratio'"),
+        ({"api": "fsdp2", "fsdp2_comm": "wire16_reduce_scatter[dtype=int8]"}, "dtype is the format on the wire"),
+        ({"api": "fsdp2", "fsdp2_comm": "wire16_reduce_scatter[error_feedback=1]"}, "must be true or false"),
+        ({"api": "fsdp2", "fsdp2_comm": 16}, "fsdp2_comm must be a name"),
+    ],
+)  # fmt: skip
+def test_a_bad_fsdp2_comm_is_refused_before_any_process_starts(options, says, monkeypatch):
+    monkeypatch.setattr(netns_switch, "why_unavailable", lambda: None)  # checked, not built, here
+    before = live_children()
+    with pytest.raises((ValueError, TypeError), match=says):
+        lab.ExperimentConfig(**options).check()
+    with pytest.raises((ValueError, TypeError), match=says):
+        lab.run(steps=1, fresh=True, **options)
+    assert live_children() == before
+
+
+def test_under_torchrun_hsdp_is_refused_as_it_needs_the_lab_s_nodes():
+    with pytest.raises(ValueError, match="needs nodes=2 or more"):
+        lab.ExperimentConfig(api="fsdp2", fsdp2_comm="hsdp", world_size=4).check(local=False)
