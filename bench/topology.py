@@ -126,16 +126,30 @@ def measure_levels(cluster: Cluster, link: str, nodes: int, ranks_per_node: int)
     )
 
 
-def _run_link(args, model, link: str) -> tuple[network.TwoLevelNetwork, dict]:
-    """One Cluster on the topology behind ``link``: its link classes measured, then every hook timed."""
+def _tcp_segments(ctx) -> tuple[int, int]:
+    """TCP segments this rank's network namespace has retransmitted and sent (``/proc/net/snmp``: per namespace)."""
+    with open("/proc/net/snmp") as f:
+        names, values = [line.split()[1:] for line in f if line.startswith("Tcp:")]
+    tcp = dict(zip(names, map(int, values)))
+    return tcp["RetransSegs"], tcp["OutSegs"]
+
+
+def _run_link(args, model, link: str) -> tuple[network.TwoLevelNetwork, dict, dict]:
+    """One Cluster on the topology behind ``link``: its link classes measured, then every hook timed, with the
+    share of the TCP segments its ranks sent that were retransmissions (a deep htb queue: see the closing note)."""
     world = args.nodes * args.ranks_per_node
     with Cluster(world, nodes=args.nodes, link=link) as cluster:
         net = measure_levels(cluster, link, args.nodes, args.ranks_per_node)
         base = ExperimentConfig(model=model, world_size=world, nodes=args.nodes, link=link,
                                 steps=STEPS_FOR.get(link, args.steps), timing=True, measure=False)  # fmt: skip
-        results = compare([base.replace(hook=spec, label=label) for label, (spec, _) in HOOKS.items()],
-                          cluster=cluster)  # fmt: skip
-    return net, {r.name: r for r in results}
+        timed, resent = {}, {}
+        for label, (spec, _) in HOOKS.items():
+            before = cluster.run(_tcp_segments)
+            (timed[label],) = compare([base.replace(hook=spec, label=label)], cluster=cluster)
+            after = cluster.run(_tcp_segments)
+            sent = sum(a[1] - b[1] for a, b in zip(after, before))
+            resent[label] = sum(a[0] - b[0] for a, b in zip(after, before)) / max(sent, 1)
+    return net, timed, resent
 
 
 def main() -> int:
@@ -156,7 +170,7 @@ def main() -> int:
     link_rows, rows = [], []
     costs: dict[str, float] = {}
     for link in args.links:
-        net, timed = _run_link(args, model, link)
+        net, timed, resent = _run_link(args, model, link)
         set_gbps = as_link(link).rate_gbps
         link_rows.append({
             "uplink": link, "inter_set_mbit": 1e3 * set_gbps, "inter_mbit": 1e3 * net.inter_gbps,
@@ -177,7 +191,7 @@ def main() -> int:
                 "uplink": link, "hook": label, "intra_KB": t["intra_bytes"] / 1e3, "inter_KB": t["inter_bytes"] / 1e3,
                 "median_ms": stats["median_ms"], "min_ms": stats["min_ms"], "max_ms": stats["max_ms"],
                 "bare_model_ms": noop_ms + comm_ms, "model_ms": model_ms,
-                "measured_vs_model": stats["median_ms"] / model_ms,
+                "measured_vs_model": stats["median_ms"] / model_ms, "retrans_%": 100 * resent[label],
             })  # fmt: skip
     table = pd.DataFrame(rows)
     flat = table[table["hook"] == "allreduce"].set_index("uplink")
