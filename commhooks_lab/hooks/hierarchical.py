@@ -126,15 +126,15 @@ def make_state(leg: str, options: dict, process_group: Any = None) -> Hierarchic
     world = dist.get_world_size()
     size = node_size(int(options.pop("ranks_per_node", 0)), world)
     node_group, leaders, leader = _subgroups(size)
-    inner = None
+    inner: Any = None
     if leaders is not None and leg == "power_sgd":
         from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
         inner = PowerSGDState(process_group=leaders, **options)
     elif leaders is not None and leg == "topk":
-        from .compressors import CompressorState, ErrorFeedback, TopK
+        from .compressors import Compressor, CompressorState, ErrorFeedback, TopK
 
-        compressor = TopK(options.get("ratio", 0.01))
+        compressor: Compressor = TopK(options.get("ratio", 0.01))
         if options.get("error_feedback", True):
             compressor = ErrorFeedback(compressor)
         inner = CompressorState(compressor, leaders, seed=options.get("seed", 0))
