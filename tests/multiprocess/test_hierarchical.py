@@ -39,6 +39,8 @@ def runs(four):
         "1x4": "hierarchical",  # the ranks' LOCAL_WORLD_SIZE: 4, one node
         "fp16 2x2": "hierarchical_fp16[ranks_per_node=2]",
         "flat fp16": "fp16",
+        "psgd 2x2": "hierarchical_power_sgd[ranks_per_node=2,start_powerSGD_iter=2]",
+        "flat psgd": "power_sgd[start_powerSGD_iter=2]",
     }
     results = lab.compare(list(specs.values()), steps=3, world_size=W, cluster=four)
     return dict(zip(specs, results))
@@ -72,6 +74,17 @@ def test_the_fp16_legs_error_is_fp16s_size(runs):
     assert (hier > 2**-16).all() and (hier < 2**-10).all(), hier.tolist()
     assert hier.max() < 2 * flat.max(), (hier.tolist(), flat.tolist())
     assert (runs["fp16 2x2"].steps["rank_spread"] == 0).all()
+
+
+def test_powersgd_between_nodes_is_flat_powersgd_up_to_rounding(runs):
+    """PowerSGD is linear in the gradients it is given: P = sum M Q is the same summed by node first, its
+    orthonormal basis does not see the leaders' 1/W scale, Q = sum M^T P comes out 1/N of flat's (the hook multiplies
+    by N), and a node's error feedback is the sum of its ranks' would-be residuals / W. So the two agree but for
+    float32 rounding, while they differ from the exact mean by far more."""
+    hier, flat = runs["psgd 2x2"].steps["rel_error"], runs["flat psgd"].steps["rel_error"]
+    assert flat.iloc[-1] > 0.1, "step 2 compresses at matrix rank 1 (steps 0-1: plain all-reduce, both exact)"
+    assert abs(hier.iloc[-1] - flat.iloc[-1]) <= 1e-6 * flat.iloc[-1], (hier.tolist(), flat.tolist())
+    assert (hier.iloc[:-1] < 2**-22).all()
 
 
 def _count_new_groups(ctx, steps: int) -> dict:
