@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import _compat
 from .powersgd import SHORT_RUN_START
-from .registry import HOOK, HookEntry, register
+from .registry import HOOK, HookEntry, check_options, get, register
 
 __all__: list[str] = []
 
@@ -40,9 +40,7 @@ def _check(leg: str) -> Callable[[dict], None]:
         _check_node_size(options)
         rest = {k: v for k, v in options.items() if k != "ranks_per_node"}
         if leg == "power_sgd":
-            from .powersgd import _check as power_sgd_check
-
-            power_sgd_check(rest)
+            check_options(get("power_sgd"), rest)  # flat PowerSGD's record: its names, types and rules
         elif leg == "topk":
             from .compressors import TopK
 
