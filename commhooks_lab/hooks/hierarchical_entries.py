@@ -18,7 +18,15 @@ from .. import _compat
 from .powersgd import SHORT_RUN_START
 from .registry import HOOK, HookEntry, check_options, get, register
 
-__all__: list[str] = []
+__all__ = ["FLAT_LEG"]
+
+#: Each hierarchical hook's inter-node leg as the flat hook that sends the same payload: its byte rule is the leg's.
+FLAT_LEG = {
+    "hierarchical": "allreduce",
+    "hierarchical_fp16": "fp16",
+    "hierarchical_power_sgd": "power_sgd",
+    "hierarchical_topk": "topk",
+}
 
 _NEEDS_BUCKETS = (
     "a hierarchical hook sums whole buckets node by node (and its PowerSGD and top-k legs key their memory by "

@@ -162,8 +162,11 @@ def test_bytes_inside_and_between_nodes_follow_the_rule():
         "fp16": (f16, inside, s / 2),
         "topk": (topk, inside, sum(TopK(0.01).payload_bytes(shape) for shape in MLP_SHAPES)),
     }
+    shapes = lab.network.parameter_shapes(lab.models.build_task("mlp", 0).model)
     for name, (result, intra, inter) in expected.items():
         steps = result.steps
+        rule = lab.network.two_level_rule(shapes, result.config["hook"], result.config["state_options"])
+        assert (rule["intra_bytes"], rule["inter_bytes"]) == (intra, inter), (name, rule)  # the model's rule too
         assert (steps["intra_bytes"] == intra).all() and (steps["inter_bytes"] == inter).all(), (
             name, steps[["intra_bytes", "inter_bytes"]].values.tolist(), intra, inter)  # fmt: skip
         assert (steps["intra_bytes"] + steps["inter_bytes"] == steps["ring_bytes"]).all(), name

@@ -26,6 +26,7 @@ from .alpha_beta import (
     link_bytes,
     network_model,
     traffic,
+    two_level_rule,
     two_level_seconds,
     two_level_traffic,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "rule_for",
     "rule_traffic",
     "traffic",
+    "two_level_rule",
     "two_level_seconds",
     "two_level_traffic",
     "TwoLevelNetwork",

@@ -19,6 +19,7 @@ __all__ = [
     "link_bytes",
     "network_model",
     "traffic",
+    "two_level_rule",
     "two_level_seconds",
     "two_level_traffic",
     "TwoLevelNetwork",
@@ -198,6 +199,42 @@ def two_level_traffic(result: Result, hierarchical: bool, skip: int | None = Non
         "intra_calls": intra_calls,
         "inter_allreduce_calls": s["collective_calls"].mean() - intra_calls - gathers,
         "inter_allgather_calls": gathers,
+        "hierarchical": hierarchical,
+    }
+
+
+def two_level_rule(
+    shapes: Sequence[tuple[int, ...]],
+    hook: str,
+    options: Mapping | None = None,
+    nodes: int = 2,
+    ranks_per_node: int = 2,
+    buckets: int | None = None,
+) -> dict:
+    """:func:`two_level_traffic`'s numbers from parameter shapes alone, for ``nodes`` >= 2 (a real cluster's too).
+
+    A flat hook's ring bytes over the W ranks, all between nodes; a hierarchical hook's leg by the byte rule of the
+    flat hook that sends its payload (``FLAT_LEG``) over the N leaders, and inside the node the leader's reduce
+    ((L-1)/L of the float32 bucket) and broadcast (all of it).
+    """
+    from ...hooks.hierarchical_entries import FLAT_LEG
+    from ...hooks.traffic import bucket_count, numel
+
+    buckets = bucket_count(shapes) if buckets is None else buckets
+    hierarchical = hook in FLAT_LEG
+    flat = registry.get(FLAT_LEG.get(hook, hook))
+    if flat.traffic is None:
+        raise ValueError(f"{flat.name} has no byte rule, so the model cannot count {hook}'s bytes")
+    leg = flat.traffic(shapes, buckets, {k: v for k, v in (options or {}).items() if k != "ranks_per_node"})
+    group = nodes if hierarchical else nodes * ranks_per_node
+    inside = hierarchical and ranks_per_node > 1
+    bucket = 4 * sum(numel(s) for s in shapes)
+    return {
+        "intra_bytes": (2 - 1 / ranks_per_node) * bucket if inside else 0.0,
+        "inter_bytes": link_bytes(leg, group),
+        "intra_calls": 2.0 * buckets if inside else 0.0,
+        "inter_allreduce_calls": leg["allreduce_calls"],
+        "inter_allgather_calls": leg["allgather_calls"],
         "hierarchical": hierarchical,
     }
 
