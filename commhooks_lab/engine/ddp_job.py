@@ -156,6 +156,8 @@ def _nonfinite_note(step: int, loss, model, config: ExperimentConfig) -> str | N
 COUNTED = (
     "payload_bytes",
     "ring_bytes",
+    "intra_bytes",
+    "inter_bytes",
     "allgather_bytes",
     "allgather_calls",
     "collective_calls",

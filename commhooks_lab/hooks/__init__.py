@@ -4,6 +4,6 @@ a hook's Future must meet. May import: ``_compat``, ``_util``. Nothing that runs
 """
 
 # register the built-in families on first use of hooks/, in the order tables list them
-from . import default, powersgd, debugging, wrappers, wire16, compressor_entries, local_sgd  # noqa: F401, I001
+from . import default, powersgd, debugging, wrappers, wire16, compressor_entries, local_sgd, hierarchical_entries  # noqa: F401, I001
 
 __all__: list[str] = []

@@ -28,6 +28,11 @@ Counting rules (W = the size of the ``group`` the call names, positional or keyw
   send, isend, batch_isend_irecv sends    input
   ======================================  =====================================
 
+- ``intra_bytes`` and ``inter_bytes`` split ``ring_bytes`` by the process group the call was issued on: inside
+  a node when every rank of the group sits on one node, between nodes otherwise (the node of global rank r is
+  r // ``LOCAL_WORLD_SIZE``, which torchrun and the lab's ranks set; unset: one node). So a flat all-reduce over
+  ranks on two nodes counts whole as ``inter_bytes``: in a ring every step has a hop that crosses nodes, and
+  the hops are sequential, so the crossing hops set the time.
 - A call counts once: wrappers that call each other (``all_gather_into_tensor`` ->
   ``all_gather_single``, ``recv`` -> ``irecv``, object collectives -> ``all_gather``) are
   counted at the outermost patched call only (a per-thread depth guard).
@@ -46,6 +51,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -54,6 +60,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
+    "crosses_nodes",
     "GATHER_OPS",
     "GLOO_BYTES_PER_MESSAGE",
     "PayloadCounter",
@@ -233,6 +240,16 @@ RULES: dict[str, Callable[[_Call], _Count]] = {
 GATHER_OPS = frozenset(name for name in RULES if "all_gather" in name)
 
 
+def crosses_nodes(group) -> bool:
+    """Does a collective on ``group`` leave a node (``LOCAL_WORLD_SIZE`` ranks per node, consecutive)?"""
+    size = int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
+    if size <= 0 or size >= dist.get_world_size():
+        return False
+    if group is None or group is dist.group.WORLD:
+        return True
+    return len({r // size for r in dist.get_process_group_ranks(group)}) > 1
+
+
 class PayloadCounter:
     """Counts the bytes handed to ``torch.distributed`` collectives while ``active``.
 
@@ -299,9 +316,14 @@ class PayloadCounter:
         if call.rank < 0:
             return  # this rank is not in the call's group: the call moves nothing here
         count = rule(call)
+        between = crosses_nodes(call.group)
         with self._lock:
             self.payload_bytes += count.payload
             self.ring_bytes += count.ring
+            if between:
+                self.inter_bytes += count.ring
+            else:
+                self.intra_bytes += count.ring
             self.wire_bound += count.wire
             self.messages += count.messages
             self.calls[name] = self.calls.get(name, 0) + 1
@@ -310,6 +332,7 @@ class PayloadCounter:
     def reset(self) -> None:
         with self._lock:
             self.payload_bytes, self.ring_bytes, self.wire_bound, self.messages = 0, 0.0, 0.0, 0
+            self.intra_bytes, self.inter_bytes = 0.0, 0.0
             self.calls: dict[str, int] = {}
             self.bytes_by_op: dict[str, int] = {}
 

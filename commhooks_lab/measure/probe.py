@@ -15,6 +15,7 @@ h = the gradient the hook leaves in ``param.grad``):
 - ``payload_bytes``: numel x element size of every tensor this rank handed to a collective
 - ``ring_bytes``: what a bandwidth-optimal algorithm sends from this rank: 2(W-1)/W x payload
   for all-reduce, (W-1) x payload for all-gather (every rule in :mod:`commhooks_lab.measure.payload`)
+- ``intra_bytes``, ``inter_bytes``: ``ring_bytes`` on groups inside one node, and on groups that span nodes
 - ``wire_bytes``: what the rank process really wrote during the backward pass (Linux)
 - ``rank_spread`` = max over parameters of max |h_r - h_0|: 0 is DDP's invariant
 - ``cumulative_rel_error`` = ||sum_t (h_t - exact_t)|| / ||sum_t exact_t||
@@ -183,6 +184,8 @@ class Probe:
         record: dict[str, Any] = {
             "payload_bytes": payload,
             "ring_bytes": counter.ring_bytes,
+            "intra_bytes": counter.intra_bytes,  # ring_bytes on groups inside one node (payload.py)
+            "inter_bytes": counter.inter_bytes,  # ring_bytes on groups that span nodes
             "wire_bytes": wire,
             "allgather_bytes": sum(b for op, b in counter.bytes_by_op.items() if op in GATHER_OPS),
             "allgather_calls": sum(c for op, c in counter.calls.items() if op in GATHER_OPS),
@@ -218,6 +221,8 @@ class Probe:
         gathered = sum(b for op, b in counter.bytes_by_op.items() if op in GATHER_OPS)
         record["payload_bytes"] += counter.payload_bytes
         record["ring_bytes"] += counter.ring_bytes
+        record["intra_bytes"] += counter.intra_bytes
+        record["inter_bytes"] += counter.inter_bytes
         record["allgather_bytes"] += gathered
         record["allgather_calls"] += sum(c for op, c in counter.calls.items() if op in GATHER_OPS)
         record["collective_calls"] += sum(counter.calls.values())

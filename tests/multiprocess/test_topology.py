@@ -278,8 +278,9 @@ def test_runs_on_nodes_give_the_same_numbers_as_runs_without():
     for a, b in zip(flat, nodes):
         assert (b.config["nodes"], b.config["link"], a.config["nodes"]) == (2, "1gbit", 1)
         assert b.final["param_digests"] == a.final["param_digests"], a.name
-        times = ["step_time_s"]
-        assert b.steps.drop(columns=times).equals(a.steps.drop(columns=times)), a.name
+        where = ["step_time_s", "intra_bytes", "inter_bytes"]  # the time, and which level the bytes crossed
+        assert b.steps.drop(columns=where).equals(a.steps.drop(columns=where)), a.name
+        assert (a.steps["inter_bytes"] == 0).all() and (b.steps["inter_bytes"] == b.steps["ring_bytes"]).all()
         assert any("on 2 nodes of 2" in n and "one uplink limited to 1gbit" in n for n in b.notes), b.notes
 
 

@@ -18,7 +18,18 @@ from __future__ import annotations
 from typing import Any
 
 from ...hooks.traffic import bucket_count
-from .alpha_beta import ASSUMPTIONS, break_even, comm_seconds, link_bytes, network_model, traffic
+from .alpha_beta import (
+    ASSUMPTIONS,
+    TwoLevelNetwork,
+    break_even,
+    comm_seconds,
+    link_bytes,
+    network_model,
+    traffic,
+    two_level_rule,
+    two_level_seconds,
+    two_level_traffic,
+)
 from .architectures import ARCHITECTURES, architectures
 from .byte_rules import (
     asynchronous,
@@ -53,6 +64,10 @@ __all__ = [
     "rule_for",
     "rule_traffic",
     "traffic",
+    "two_level_rule",
+    "two_level_seconds",
+    "two_level_traffic",
+    "TwoLevelNetwork",
     "world_size_sweep",
 ]
 

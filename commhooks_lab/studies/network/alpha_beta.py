@@ -5,13 +5,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 
 from ...hooks import registry
 from ...result import Result
 
-__all__ = ["ASSUMPTIONS", "break_even", "comm_seconds", "link_bytes", "network_model", "traffic"]
+__all__ = [
+    "ASSUMPTIONS",
+    "break_even",
+    "comm_seconds",
+    "link_bytes",
+    "network_model",
+    "traffic",
+    "two_level_rule",
+    "two_level_seconds",
+    "two_level_traffic",
+    "TwoLevelNetwork",
+]
 
 ASSUMPTIONS = (
     "time a step spends on gradients = compression work + latency x ring steps + bytes over each rank's link / "
@@ -153,3 +165,94 @@ def break_even(
             }
         )
     return pd.DataFrame(rows)
+
+
+# -- two levels: nodes of ranks on a fast switch, one uplink per node -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TwoLevelNetwork:
+    """Latency per hop (us) and payload bandwidth (Gbit/s) inside a node and between nodes, and the shape."""
+
+    intra_alpha_us: float
+    intra_gbps: float
+    inter_alpha_us: float
+    inter_gbps: float
+    nodes: int
+    ranks_per_node: int
+
+
+def two_level_traffic(result: Result, hierarchical: bool, skip: int | None = None) -> dict:
+    """Rank 0's mean bytes and collectives per step, by level (the probe's ``intra_bytes`` and ``inter_bytes``),
+    over the steps after ``skip`` (None: the steps where the hook compressed; a hierarchical hook sends more than
+    the bucket on rank 0, so its steps never read as compressing: give ``skip``).
+
+    A flat hook issues every collective on the world; a hierarchical one two per bucket inside the node (a reduce
+    and a broadcast) and the rest between the node leaders (rank 0 is one), all-gathers among them.
+    """
+    s = result.compressed_steps() if skip is None else result.steps.iloc[skip:]
+    intra_calls = 2 * s["buckets"].mean() if hierarchical else 0.0
+    gathers = s["allgather_calls"].mean()
+    return {
+        "intra_bytes": s["intra_bytes"].mean(),
+        "inter_bytes": s["inter_bytes"].mean(),
+        "intra_calls": intra_calls,
+        "inter_allreduce_calls": s["collective_calls"].mean() - intra_calls - gathers,
+        "inter_allgather_calls": gathers,
+        "hierarchical": hierarchical,
+    }
+
+
+def two_level_rule(
+    shapes: Sequence[tuple[int, ...]],
+    hook: str,
+    options: Mapping | None = None,
+    nodes: int = 2,
+    ranks_per_node: int = 2,
+    buckets: int | None = None,
+) -> dict:
+    """:func:`two_level_traffic`'s numbers from parameter shapes alone, for ``nodes`` >= 2 (a real cluster's too).
+
+    A flat hook's ring bytes over the W ranks, all between nodes; a hierarchical hook's leg by the byte rule of the
+    flat hook that sends its payload (``FLAT_LEG``) over the N leaders, and inside the node the leader's reduce
+    ((L-1)/L of the float32 bucket) and broadcast (all of it).
+    """
+    from ...hooks.hierarchical_entries import FLAT_LEG
+    from ...hooks.traffic import bucket_count, numel
+
+    buckets = bucket_count(shapes) if buckets is None else buckets
+    hierarchical = hook in FLAT_LEG
+    flat = registry.get(FLAT_LEG.get(hook, hook))
+    if flat.traffic is None:
+        raise ValueError(f"{flat.name} has no byte rule, so the model cannot count {hook}'s bytes")
+    leg = flat.traffic(shapes, buckets, {k: v for k, v in (options or {}).items() if k != "ranks_per_node"})
+    group = nodes if hierarchical else nodes * ranks_per_node
+    inside = hierarchical and ranks_per_node > 1
+    bucket = 4 * sum(numel(s) for s in shapes)
+    return {
+        "intra_bytes": (2 - 1 / ranks_per_node) * bucket if inside else 0.0,
+        "inter_bytes": link_bytes(leg, group),
+        "intra_calls": 2.0 * buckets if inside else 0.0,
+        "inter_allreduce_calls": leg["allreduce_calls"],
+        "inter_allgather_calls": leg["allgather_calls"],
+        "hierarchical": hierarchical,
+    }
+
+
+def two_level_seconds(t: Mapping, net: TwoLevelNetwork) -> float:
+    """A step's communication on two levels: hops x alpha + bytes over the busiest link / bandwidth, per level.
+
+    Flat (ring over all W ranks, consecutive ranks on a node): each of a ring's 2(W-1) steps (W-1 for an all-gather)
+    has one hop per node across its uplink, and the steps wait for their slowest hop, so the whole collective runs at
+    the uplink's alpha and rate, with one rank's ring bytes (``inter_bytes``) through each uplink; its hops inside a
+    node run beside the crossing ones and cost nothing more. Hierarchical: the node's reduce and broadcast (L-1 hops
+    each, the leader's ``intra_bytes`` at the intra rate), then the leaders' leg, a ring over the N leaders
+    (2(N-1) hops per all-reduce, N-1 per all-gather) with ``inter_bytes`` through the uplink, one after the other.
+    """
+    group = net.nodes if t["hierarchical"] else net.nodes * net.ranks_per_node
+    hops = 2 * (group - 1) * t["inter_allreduce_calls"] + (group - 1) * t["inter_allgather_calls"]
+    seconds = hops * net.inter_alpha_us * 1e-6 + t["inter_bytes"] * 8 / (net.inter_gbps * 1e9)
+    if t["hierarchical"]:
+        seconds += t["intra_calls"] * (net.ranks_per_node - 1) * net.intra_alpha_us * 1e-6
+        seconds += t["intra_bytes"] * 8 / (net.intra_gbps * 1e9)
+    return seconds
