@@ -8,9 +8,13 @@ gradient is its own known vector, the exact mean is computed in float64), three 
 size, in this order:
 
 1. **A dry run**: ``torch.distributed``'s collectives replaced by stand-ins that record (name, sizes, dtype) and
-   complete at once, for two backwards. The ranks compare their lists: a rank that starts its collectives in
-   another order than rank 0 is named before any real collective could pair one rank's first half with another's
-   second (with odd lengths the halves differ in size, and gloo would fail or hang on them).
+   complete when the check says, for two backwards: on even ranks as soon as the hook call that started them
+   returns, on odd ranks one bucket later (:class:`_DryRun`). The ranks compare what they started, in order. A
+   rank that starts its collectives in another order than rank 0 is named before any real collective could pair
+   one rank's first half with another's second (with odd lengths the halves differ in size, and gloo fails or
+   hangs on them); so is a hook whose order depends on when collectives finish, as when the second starts in the
+   first one's ``.then()`` callback (on gloo that callback runs on the backend's thread and races the next
+   bucket's hook call: the lab's DESIGN notes measured PowerSGD crash so on multi-bucket models).
 2. **A real run** with one rank late at each step (rank ``step % W``): it calls the hook only once every other
    rank's hook call for that bucket has *returned*, or after :data:`PATIENCE_S`. A hook that does not wait
    inside returns at once, whatever the machine's load, because starting a collective needs no peer. A hook that
@@ -20,13 +24,15 @@ size, in this order:
    stalls a thread for tens of milliseconds; :data:`PATIENCE_S` is far above that). The gradients DDP leaves are
    held to the exact mean, and the ranks to each other.
 
-The hints: not attempted; one collective per bucket ("two collectives"); ranks in different orders ("in the same
-order"); a hook that waits ("waits inside"); right at 2 ranks only ("right at 2 ranks"); other wrong numbers.
+The hints: not attempted; ranks in different orders ("in another order"); collectives started from callbacks in an
+order that depends on timing ("from .then() callbacks"); one collective per bucket ("two per bucket"); a hook that
+waits ("waits inside"); right at 2 ranks only ("Right at 2 ranks"); other wrong numbers ("not the mean").
 """
 
 import os
 import shutil
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -133,48 +139,141 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-class _Done:
-    """A stand-in for a finished ``Work``: what a hook may ask of one."""
+class _StandIn:
+    """A stand-in for a ``Work``: its Future completes when the dry run says (``wait()`` completes it at once)."""
 
-    def __init__(self, tensors: list[torch.Tensor]):
-        self._tensors = tensors
+    def __init__(self, dry: "_DryRun", entry: list):
+        self._dry, self._entry = dry, entry
 
     def wait(self, timeout: Any = None) -> bool:
+        self._dry.complete([self._entry])
+        self._entry[1].wait()
         return True
 
     def is_completed(self) -> bool:
-        return True
+        return self._entry[1].done()
 
     def is_success(self) -> bool:
-        return True
+        return self.is_completed()
 
     def result(self) -> list[torch.Tensor]:
-        return self._tensors
+        return self._entry[2]
 
     def get_future(self) -> torch.futures.Future:
-        future: torch.futures.Future = torch.futures.Future()
-        future.set_result(self._tensors)
-        return future
+        return self._entry[1]
 
 
 _NAMES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce_scatter_tensor", "reduce")
+#: In the dry run, nothing moving this long with collectives pending means a Future is waited on: complete them.
+_UNSTICK_S = 0.1
 
 
-def _stand_in(name: str, log: list):
-    """``name`` replaced: logged, the data left as one rank's (all_gather fills every slot with the input)."""
+class _DryRun:
+    """Stand-in collectives that log (name, sizes, dtype, where started) and complete when this rank says.
 
-    def collective(*args, **kwargs):
-        tensors = _tensors(list(args) + list(kwargs.values()))
-        dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else ""
-        log.append((name, tuple(t.numel() for t in tensors), dtype))
-        if name == "all_gather" and len(args) >= 2:
-            for slot in args[0]:
-                slot.copy_(args[1])
-        elif name == "all_gather_into_tensor" and len(args) >= 2:
-            args[0].copy_(args[1].repeat(args[0].numel() // max(1, args[1].numel())))
-        return _Done(tensors) if kwargs.get("async_op") else None
+    ``lag=False``: every collective completes as soon as the hook call that started it has returned, before the
+    next bucket's hook call. ``lag=True``: one bucket later, after the next hook call has returned (all of them
+    after the last bucket's). On gloo either can happen, rank by rank: a ``.then()`` callback runs on the backend's
+    thread when its collective finishes. Odd ranks lag, even ranks do not, so a hook whose order of collectives
+    depends on when they finish shows two orders here, every time.
+    """
 
-    return collective
+    def __init__(self, lag: bool):
+        self.lag = lag
+        self.lock = threading.RLock()
+        self.pending: list[list] = []  # [generation, future, tensors]
+        self.calls: list[list] = []  # per hook call: what started while it was the latest
+        self.order: list[tuple] = []  # everything, in the order it started
+        self.inside: int | None = None  # the thread in a hook call, while it is inside
+        self.events = 0  # calls, starts and completions so far: what the watch sees move
+        self._stop = threading.Event()
+        self._watch = threading.Thread(target=self._unstick, daemon=True)
+        self._helpers: list[threading.Thread] = []
+
+    def __enter__(self) -> "_DryRun":
+        self._watch.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._watch.join()
+        self.complete()  # nothing left for a callback to start once the real collectives are back
+        for helper in self._helpers:
+            helper.join(timeout=5)
+
+    def _unstick(self) -> None:
+        """Something waits on a Future inside the hook or a callback when nothing moves for a while with
+        collectives pending (the schedule never leaves one pending that long): complete them all, as the network
+        would."""
+        seen = -1
+        while not self._stop.wait(_UNSTICK_S):
+            with self.lock:
+                stuck = self.events == seen and bool(self.pending)
+                seen = self.events
+            if stuck:  # on a thread of its own: a callback may wait again, and this watch must go on
+                helper = threading.Thread(target=self.complete, daemon=True)
+                self._helpers.append(helper)
+                helper.start()
+
+    def collective(self, name: str):
+        def started(*args, **kwargs):
+            tensors = _tensors(list(args) + list(kwargs.values()))
+            dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else ""
+            where = "hook" if self.inside == threading.get_ident() else "callback"
+            record = (name, tuple(t.numel() for t in tensors), dtype, where)
+            with self.lock:
+                self.events += 1
+                self.order.append(record)
+                self.calls[-1].append(record)
+            if name == "all_gather" and len(args) >= 2:
+                for slot in args[0]:
+                    slot.copy_(args[1])
+            elif name == "all_gather_into_tensor" and len(args) >= 2:
+                args[0].copy_(args[1].repeat(args[0].numel() // max(1, args[1].numel())))
+            if not kwargs.get("async_op"):
+                return None
+            entry = [len(self.calls), torch.futures.Future(), tensors]
+            with self.lock:
+                self.pending.append(entry)
+            return _StandIn(self, entry)
+
+        return started
+
+    def complete(self, entries: list[list] | None = None, before: int | None = None) -> None:
+        """Complete ``entries`` (default: all pending started before hook call ``before``, and what their callbacks
+        start, until none is left). Whoever takes an entry off the list completes it, so each completes once."""
+        while True:
+            with self.lock:
+                taken = [
+                    e
+                    for e in self.pending
+                    if (e in entries if entries is not None else before is None or e[0] <= before)
+                ]
+                for e in taken:
+                    self.pending.remove(e)
+                self.events += len(taken)
+            for _, future, tensors in taken:
+                future.set_result(tensors)
+            if entries is not None or not taken:
+                return
+
+    def hook(self, hook):
+        def scheduled(state, bucket):
+            self.calls.append([])
+            self.events += 1
+            self.inside = threading.get_ident()
+            try:
+                future = hook(state, bucket)
+            finally:
+                self.inside = None
+                self.events += 1
+            if not self.lag or bucket.is_last():
+                self.complete()
+            else:
+                self.complete(before=len(self.calls) - 1)
+            return future
+
+        return scheduled
 
 
 class _Patched:
@@ -209,36 +308,21 @@ def _backward(ddp: DDP, rank: int, step: int) -> None:
 
 
 def _dry_run(ctx, hook) -> dict:
-    """Two backwards (DDP's first bucket, then its rebuilt ones) with stand-in collectives: each hook call's list."""
+    """Two backwards (DDP's first bucket, then its rebuilt ones) with stand-in collectives: what each hook call
+    started, and everything in the order it started."""
     torch.manual_seed(0)
     ddp = DDP(_Vectors(), bucket_cap_mb=100 / 2**20)  # 100 bytes: every parameter a bucket of its own
-    calls: list[list] = []
-
-    def logged(state, bucket):
-        calls.append([])
-        return hook(state, bucket)
-
-    ddp.register_comm_hook(None, logged)
+    dry = _DryRun(lag=ctx.rank % 2 == 1)
+    ddp.register_comm_hook(None, dry.hook(hook))
     try:
-        with _Patched(lambda name, original: _stand_in(name, _Current(calls))):
+        with _Patched(lambda name, original: dry.collective(name)), dry:
             for step in range(2):
                 _backward(ddp, ctx.rank, step)
     except NotImplementedError:
         return {"not_implemented": True}
     except Exception as exc:  # the learner's hook raised: say what, in the notebook
         return {"raised": _said(exc)}
-    return {"calls": calls}
-
-
-class _Current(list):
-    """Appends go to the last hook call's list (a collective started after the call returned, in a callback, too)."""
-
-    def __init__(self, calls: list[list]):
-        super().__init__()
-        self._calls = calls
-
-    def append(self, item) -> None:
-        self._calls[-1].append(item)
+    return {"calls": dry.calls, "order": dry.order}
 
 
 def _real_run(ctx, hook, folder: str, steps: int, patience_s: float) -> dict:
@@ -294,7 +378,7 @@ def _check_job(ctx, hook, folder: str, steps: int, patience_s: float) -> dict:
     dry = _dry_run(ctx, hook)
     everyone: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(everyone, dry)
-    if any("calls" not in d for d in everyone) or any(d["calls"] != everyone[0]["calls"] for d in everyone):
+    if any("order" not in d for d in everyone) or any(_sent(d) != _sent(everyone[0]) for d in everyone):
         return {"dry": everyone}
     return {"dry": everyone, "real": _real_run(ctx, hook, folder, steps, patience_s)}
 
@@ -302,11 +386,42 @@ def _check_job(ctx, hook, folder: str, steps: int, patience_s: float) -> dict:
 # -- the check -------------------------------------------------------------------------------------------------
 
 
-def _described(calls: list) -> str:
-    return "; ".join(
-        f"bucket call {i}: " + (", ".join(f"{name} of {'+'.join(map(str, sizes))} {dtype}" for name, sizes, dtype in c))
-        for i, c in enumerate(calls)
-    )
+def _sent(dry: dict) -> list[tuple]:
+    """What a rank's dry run started, in order: (name, sizes, dtype), without where it was started from."""
+    return [record[:3] for record in dry["order"]]
+
+
+def _described(records: list[tuple]) -> str:
+    return ", ".join(f"{name} of {'+'.join(map(str, sizes))} {dtype}" for name, sizes, dtype, *_ in records)
+
+
+def _order_problem(dry: list[dict]) -> str | None:
+    """The first rank whose collectives differ from rank 0's, said with both lists from where they part."""
+    first = _sent(dry[0])
+    for rank, got in enumerate(dry[1:], start=1):
+        mine = _sent(got)
+        if mine == first:
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(mine, first)) if a != b), min(len(mine), len(first)))
+        ours, theirs = (_described(records[at : at + 3]) or "nothing" for records in (first, mine))
+        lists = f"rank 0: {ours}; rank {rank}: {theirs}"
+        if any(where == "callback" for *_, where in dry[0]["order"]):
+            return (
+                f"your hook starts collectives from .then() callbacks, and their order then depends on when each "
+                f"collective finishes ({lists}, from the collective numbered {at} on; here rank 0 finished each "
+                "bucket's collectives before the next bucket's hook call, rank 1 one bucket later). On gloo a callback "
+                "runs on "
+                "the backend's thread when its collective finishes, while autograd calls your hook for the next "
+                "bucket: ranks then start their collectives in different orders, and gloo fails ('Received data "
+                "size doesn't match expected size') or sums the wrong halves. Start both collectives in the hook "
+                "call itself and join their futures (torch.futures.collect_all)."
+            )
+        return (
+            f"rank {rank} starts other collectives, or in another order, than rank 0 ({lists}, from the collective "
+            f"numbered {at} on). Collectives pair up by the order they start in, so every rank must start the same "
+            "ones in the same order: nothing in which comes first may depend on the rank."
+        )
+    return None
 
 
 def _problem_at(results: list[dict], world: int) -> str | None:
@@ -317,16 +432,10 @@ def _problem_at(results: list[dict], world: int) -> str | None:
             raise NotImplementedError
         if "raised" in got:
             return f"Inside DDP your hook raised {got['raised']}"
+    problem = _order_problem(dry)
+    if problem is not None:
+        return problem
     first = dry[0]["calls"]
-    for rank, got in enumerate(dry[1:], start=1):
-        if got["calls"] != first:
-            at = next((i for i, (a, b) in enumerate(zip(got["calls"], first)) if a != b), 0)
-            return (
-                f"rank {rank} starts other collectives, or in another order, than rank 0 (rank 0, "
-                f"{_described(first[at : at + 1])}; rank {rank}, {_described(got['calls'][at : at + 1])}). Collectives "
-                "pair up by the order they start in, so every rank must start the same ones in the same order: "
-                "nothing in which comes first may depend on the rank."
-            )
     few = [c for c in first if len(c) < 2]
     if few:
         return (
@@ -395,10 +504,12 @@ def check_overlapping_hook(attempt, cluster=None, world_sizes=WORLD_SIZES) -> Ou
 
     ``cluster``: a Cluster, or several, used for the world sizes they have; the others get fresh ranks.
 
-    Wrong answers it recognises, each told by its own hint: one collective per bucket ("two per bucket"); ranks that
-    start their collectives in different orders ("in another order than rank 0"); a hook that waits inside ("waits
-    inside"); a hook right at 2 ranks only ("right at 2 ranks"); ranks that disagree ("different gradients");
-    other wrong sums ("not the mean"); a hook that raises ("Inside DDP your hook raised").
+    Wrong answers it recognises, each told by its own hint: ranks that start their collectives in different orders
+    ("in another order, than rank 0"); a second collective started from the first one's ``.then()`` callback,
+    whose order then depends on timing ("from .then() callbacks"; one queue through every bucket's collectives
+    passes); one collective per bucket ("two per bucket"); a hook that waits inside ("waits inside"); a hook right
+    at 2 ranks only ("Right at 2 ranks"); ranks that disagree ("different gradients"); other wrong sums ("not the
+    mean"); a hook that raises ("Inside DDP your hook raised").
     """
     return check_function(
         "halves_hook",

@@ -202,13 +202,16 @@ def overlap_summary(timeline) -> Any:
     not spent computing (``exposed_ms``), the share of a bucket's communication time spent inside
     the hook call (``in_hook_share``: 1 for a hook that blocks), and the share of buckets whose Future was still
     running when the hook returned (``pending_at_return``: 0 for a hook that blocks, by construction)."""
+    order = list(dict.fromkeys(timeline["hook"]))
+    return _per_backward(timeline).groupby("hook").median().loc[order]
+
+
+def _per_backward(timeline) -> Any:
+    """One row per hook, rank and repeat: :func:`_one_backward`'s numbers."""
     import pandas as pd
 
-    per_backward = [
-        {"hook": hook, **_one_backward(rows)} for (hook, _, _), rows in timeline.groupby(["hook", "rank", "repeat"])
-    ]
-    order = list(dict.fromkeys(timeline["hook"]))
-    return pd.DataFrame(per_backward).groupby("hook").median().loc[order]
+    rows = timeline.groupby(["hook", "rank", "repeat"])
+    return pd.DataFrame([{"hook": hook, **_one_backward(one)} for (hook, _, _), one in rows])
 
 
 def overlap_spread(
@@ -231,23 +234,10 @@ def overlap_spread(
     about as long to back-propagate 1024 rows through, here): overlap can hide at most the compute time, so a
     link much slower than the compute leaves little to hide for any hook. ``attrs`` holds the set-up.
     """
-    timeline = bucket_timeline(
-        hooks,
-        world_size=world_size,
-        width=width,
-        depth=depth,
-        bucket_cap_mb=bucket_cap_mb,
-        repeats=repeats,
-        cluster=cluster,
-        batch=batch,
-        link=link,
-    )
     import pandas as pd
 
-    per_backward = pd.DataFrame(
-        [{"hook": hook, **_one_backward(rows)} for (hook, _, _), rows in timeline.groupby(["hook", "rank", "repeat"])]
-    )
-    by_hook = per_backward.groupby("hook", sort=False)
+    timeline = bucket_timeline(hooks, world_size, width, depth, bucket_cap_mb, repeats, cluster, batch, link)
+    by_hook = _per_backward(timeline).groupby("hook", sort=False)
     table = pd.DataFrame(
         {
             "hidden_share": by_hook["hidden_share"].median(),

@@ -40,6 +40,41 @@ def chained(state, bucket) -> torch.futures.Future[torch.Tensor]:
     )
 
 
+#: The last collective this rank's one queue started (one_queue keeps it between calls, as a state object would).
+TAIL: list = [None]
+
+
+def one_queue(state, bucket) -> torch.futures.Future[torch.Tensor]:
+    """Right, and dependent: each half's all-reduce starts when this rank's previous one has finished, from a
+    .then() callback, through one queue for every bucket, so the order is the same whenever each one finishes."""
+    buffer = bucket.buffer()
+    world, half = dist.get_world_size(), buffer.numel() // 2
+
+    def after(previous, part):
+        started: torch.futures.Future = torch.futures.Future()
+
+        def go(_):
+            dist.all_reduce(part, async_op=True).get_future().then(lambda _: started.set_result(part))
+
+        go(None) if previous is None or previous.done() else previous.then(go)
+        return started
+
+    TAIL[0] = after(after(TAIL[0], buffer[:half]), buffer[half:])
+    return TAIL[0].then(lambda _: buffer.div_(world))
+
+
+def second_from_the_callback(state, bucket) -> torch.futures.Future[torch.Tensor]:
+    """PowerSGD's way: the second all-reduce starts in the first one's .then() callback, racing the next bucket's."""
+    buffer = bucket.buffer()
+    world, half = dist.get_world_size(), buffer.numel() // 2
+
+    def second(_):
+        return dist.all_reduce(buffer[half:], async_op=True).get_future().wait()
+
+    first = dist.all_reduce(buffer[:half], async_op=True).get_future()
+    return first.then(second).then(lambda _: buffer.div_(world))
+
+
 def waits_for_each_half(state, bucket) -> torch.futures.Future[torch.Tensor]:
     """Blocking through Future.wait() on each half (the reference's twin waits on the Work instead)."""
     buffer = bucket.buffer()
@@ -92,7 +127,7 @@ def test_not_attempted_needs_no_ranks(capsys):
 
 
 def test_the_reference_and_a_hook_written_otherwise_are_right_at_2_3_and_4_ranks(ranks):
-    for hook in (exercise.halves_hook, chained):
+    for hook in (exercise.halves_hook, chained, one_queue):
         outcome = exercise.check_overlapping_hook(hook, cluster=ranks)
         assert outcome.status == RIGHT and outcome.value is hook, outcome.message
         assert "At 2, 3, 4 ranks" in outcome.message
@@ -104,11 +139,12 @@ def test_the_reference_and_a_hook_written_otherwise_are_right_at_2_3_and_4_ranks
         (exercise.halves_hook_blocking, "At 2 ranks: your hook waits inside"),
         (waits_for_each_half, "At 2 ranks: your hook waits inside"),
         (odd_ranks_second_half_first, "rank 1 starts other collectives, or in another order, than rank 0"),
+        (second_from_the_callback, "your hook starts collectives from .then() callbacks"),
         (divides_by_two, "Right at 2 ranks, but at 3: the gradients DDP left are not the mean over the 3 ranks"),
         (rank_one_is_the_other, "Right at 2 ranks, but at 3"),
         (default_hooks.allreduce_hook, "starts 1 collective(s) for a bucket"),
     ],
-    ids=["waits_on_work", "waits_on_future", "order", "by_two", "rank_one", "one_collective"],
+    ids=["waits_on_work", "waits_on_future", "order", "from_callback", "by_two", "rank_one", "one_collective"],
 )
 def test_each_wrong_kind_gets_its_own_hint(attempt, hint, ranks):
     outcome = exercise.check_overlapping_hook(attempt, cluster=ranks)
@@ -119,8 +155,14 @@ def test_each_wrong_kind_gets_its_own_hint(attempt, hint, ranks):
 def test_the_order_check_names_the_two_lists_and_the_blocking_check_the_late_rank(ranks):
     order = exercise.check_overlapping_hook(odd_ranks_second_half_first, cluster=ranks).message
     # the dry run's first step: one bucket of 821 floats, halves of 410 and 411, swapped on rank 1
-    assert "all_reduce of 410 float32, all_reduce of 411 float32" in order
-    assert "all_reduce of 411 float32, all_reduce of 410 float32" in order
+    assert "rank 0: all_reduce of 410 float32, all_reduce of 411 float32" in order
+    assert "rank 1: all_reduce of 411 float32, all_reduce of 410 float32" in order
+    raced = exercise.check_overlapping_hook(second_from_the_callback, cluster=ranks).message
+    # after step 0's 410 + 411, step 1's rebuilt buckets, the last parameter first: 263 = 131 + 132, then 257 = 128 +
+    # 129. Rank 0 finishes each bucket before the next hook call, rank 1 one bucket later: 128 overtakes 132
+    assert "rank 0: all_reduce of 132 float32, all_reduce of 128 float32, all_reduce of 129 float32" in raced
+    assert "rank 1: all_reduce of 128 float32, all_reduce of 132 float32" in raced
+    assert "from the collective numbered 3 on" in raced
     blocking = exercise.check_overlapping_hook(exercise.halves_hook_blocking, cluster=ranks).message
     assert "with one rank late (step 1, bucket" in blocking
 
