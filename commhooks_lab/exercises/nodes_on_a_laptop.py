@@ -156,7 +156,7 @@ class _StandIn:
     def is_success(self) -> bool:
         return self.is_completed()
 
-    def result(self) -> list[torch.Tensor]:
+    def result(self) -> list:
         return self._entry[2]
 
     def get_future(self) -> torch.futures.Future:
@@ -225,14 +225,19 @@ class _DryRun:
                 self.events += 1
                 self.order.append(record)
                 self.calls[-1].append(record)
+            value: list = tensors[:1]  # what gloo's Future holds (torch 2.13, measured): its outputs, flat
             if name == "all_gather" and len(args) >= 2:
                 for slot in args[0]:
                     slot.copy_(args[1])
-            elif name == "all_gather_into_tensor" and len(args) >= 2:
-                args[0].copy_(args[1].repeat(args[0].numel() // max(1, args[1].numel())))
+                value = list(args[0])
+            elif name in ("all_gather_into_tensor", "reduce_scatter_tensor") and len(args) >= 2:
+                out, given = args[0], args[1].reshape(-1)
+                times = max(1, -(-out.numel() // max(1, given.numel())))
+                out.copy_(given.repeat(times)[: out.numel()].view_as(out))
+                value = list(out.chunk(dist.get_world_size())) if name == "all_gather_into_tensor" else [out]
             if not kwargs.get("async_op"):
                 return None
-            entry = [len(self.calls), torch.futures.Future(), tensors]
+            entry = [len(self.calls), torch.futures.Future(), value]
             with self.lock:
                 self.pending.append(entry)
             return _StandIn(self, entry)

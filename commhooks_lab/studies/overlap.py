@@ -11,7 +11,9 @@ bucket's Future) holds backward until its bucket is sent.
 per bucket, when its hook was called (``ready``), when the hook returned (``returned``) and when its
 Future completed (``done``); and when backward returned (``end``). DDP's own C++ all-reduce
 (``hook="no"``) cannot be wrapped from Python: ``allreduce_hook`` issues the same asynchronous
-all-reduce from Python and stands in for it.
+all-reduce from Python and stands in for it. It also times hook functions you pass (``{label: hook}``), behind a
+slow ``link=``; :func:`overlap_spread` gives, per hook, ``hidden_share`` with its spread over ranks and repeats
+(notebook 13 sets its overlapping hook against the same collectives waited for inside the hook).
 """
 
 from __future__ import annotations

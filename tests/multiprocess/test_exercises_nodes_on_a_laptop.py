@@ -40,6 +40,23 @@ def chained(state, bucket) -> torch.futures.Future[torch.Tensor]:
     )
 
 
+def gathered_halves(state, bucket) -> torch.futures.Future[torch.Tensor]:
+    """Right with all_gather_into_tensor: each half gathered, summed from the Future's value (gloo's layout: one
+    tensor per rank), so the dry run's stand-ins must hold what gloo's Futures hold."""
+    buffer = bucket.buffer()
+    world, half = dist.get_world_size(), buffer.numel() // 2
+    parts = (buffer[:half], buffer[half:])
+    outs = [torch.empty(world * part.numel()) for part in parts]
+    futures = [dist.all_gather_into_tensor(o, p, async_op=True).get_future() for o, p in zip(outs, parts)]
+
+    def mean(joined):
+        for part, future in zip(parts, joined.value()):
+            part.copy_(torch.stack(future.value()).sum(0) / world)
+        return buffer
+
+    return torch.futures.collect_all(futures).then(mean)
+
+
 #: The last collective this rank's one queue started (one_queue keeps it between calls, as a state object would).
 TAIL: list = [None]
 
@@ -127,7 +144,7 @@ def test_not_attempted_needs_no_ranks(capsys):
 
 
 def test_the_reference_and_a_hook_written_otherwise_are_right_at_2_3_and_4_ranks(ranks):
-    for hook in (exercise.halves_hook, chained, one_queue):
+    for hook in (exercise.halves_hook, chained, one_queue, gathered_halves):
         outcome = exercise.check_overlapping_hook(hook, cluster=ranks)
         assert outcome.status == RIGHT and outcome.value is hook, outcome.message
         assert "At 2, 3, 4 ranks" in outcome.message
