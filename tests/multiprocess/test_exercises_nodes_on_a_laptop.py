@@ -103,6 +103,17 @@ def waits_for_each_half(state, bucket) -> torch.futures.Future[torch.Tensor]:
     return future
 
 
+def synchronous_halves(state, bucket) -> torch.futures.Future[torch.Tensor]:
+    """Blocking without a wait in sight: async_op left False, each all_reduce returns once its half is summed."""
+    buffer = bucket.buffer()
+    half = buffer.numel() // 2
+    dist.all_reduce(buffer[:half])
+    dist.all_reduce(buffer[half:])
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(buffer.div_(dist.get_world_size()))
+    return future
+
+
 def odd_ranks_second_half_first(state, bucket) -> torch.futures.Future[torch.Tensor]:
     buffer = bucket.buffer()
     half = buffer.numel() // 2
@@ -155,13 +166,23 @@ def test_the_reference_and_a_hook_written_otherwise_are_right_at_2_3_and_4_ranks
     [
         (exercise.halves_hook_blocking, "At 2 ranks: your hook waits inside"),
         (waits_for_each_half, "At 2 ranks: your hook waits inside"),
+        (synchronous_halves, "At 2 ranks: your hook waits inside"),
         (odd_ranks_second_half_first, "rank 1 starts other collectives, or in another order, than rank 0"),
         (second_from_the_callback, "your hook starts collectives from .then() callbacks"),
         (divides_by_two, "Right at 2 ranks, but at 3: the gradients DDP left are not the mean over the 3 ranks"),
         (rank_one_is_the_other, "Right at 2 ranks, but at 3"),
         (default_hooks.allreduce_hook, "starts 1 collective(s) for a bucket"),
     ],
-    ids=["waits_on_work", "waits_on_future", "order", "from_callback", "by_two", "rank_one", "one_collective"],
+    ids=[
+        "waits_on_work",
+        "waits_on_future",
+        "synchronous",
+        "order",
+        "from_callback",
+        "by_two",
+        "rank_one",
+        "one_collective",
+    ],
 )
 def test_each_wrong_kind_gets_its_own_hint(attempt, hint, ranks):
     outcome = exercise.check_overlapping_hook(attempt, cluster=ranks)
