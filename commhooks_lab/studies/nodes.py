@@ -49,9 +49,9 @@ SIZES = (1, 256, 4096)
 
 
 def _levels_job(ctx, ranks_per_node: int, intra_floats: int, inter_floats: int, repeats: int) -> dict:
-    """Rank 1 times a send from rank 0 inside the node, rank L one across the uplink (seconds from a barrier);
-    every rank times all-reduces of each of :data:`SIZES` in its node group, the world's and the leaders' (median
-    of 20 each)."""
+    """Rank 1 times a send from rank 0 inside the node (from a barrier), the leaders an all-reduce of
+    ``inter_floats`` between them (median of ``repeats`` each); every rank times all-reduces of each of
+    :data:`SIZES` in its node group, the world's and the leaders' (median of 20 each)."""
     import torch
     import torch.distributed as dist
 
@@ -81,19 +81,28 @@ def _levels_job(ctx, ranks_per_node: int, intra_floats: int, inter_floats: int, 
         out[f"world {floats}"] = small(None, x)
         if leaders is not None:
             out[f"leaders {floats}"] = small(leaders, x)
-    for name, peer, floats in (("intra", 1, intra_floats), ("inter", size, inter_floats)):
-        x = torch.ones(floats)
+    x = torch.ones(intra_floats)
+    seconds = []
+    for _ in range(repeats):  # inside a node: rank 0 sends to rank 1, timed by the receiver from a barrier
+        dist.barrier()
+        start = time.perf_counter()
+        if rank == 0:
+            dist.send(x, 1)
+        elif rank == 1:
+            dist.recv(x, 0)
+            seconds.append(time.perf_counter() - start)
+    if rank == 1:
+        out["intra_s"] = statistics.median(seconds)
+    if leaders is not None:  # between nodes: the leaders' all-reduce, which ends only once both have sent
+        x = torch.ones(inter_floats)
+        dist.all_reduce(x, group=leaders)
         seconds = []
         for _ in range(repeats):
-            dist.barrier()
+            dist.barrier(group=leaders)
             start = time.perf_counter()
-            if rank == 0:
-                dist.send(x, peer)
-            elif rank == peer:
-                dist.recv(x, 0)
-                seconds.append(time.perf_counter() - start)
-        if rank == peer:
-            out[f"{name}_s"] = statistics.median(seconds)
+            dist.all_reduce(x, group=leaders)
+            seconds.append(time.perf_counter() - start)
+        out["inter_s"] = statistics.median(seconds)
     dist.barrier()
     return out
 
@@ -108,12 +117,13 @@ def measure_levels(
     inter_floats = max(1 << 14, int(rate * payload_share() * 0.3 / 32))  # about 0.3 s at the set rate
     intra_floats = 1 << 22  # 16 MB: tens of ms at loopback speed
     rows = cluster.run(_levels_job, ranks_per_node, intra_floats, inter_floats, 3)
-    intra_s, inter_s = rows[1]["intra_s"], rows[ranks_per_node]["inter_s"]
+    intra_s, inter_s = rows[1]["intra_s"], rows[0]["inter_s"]
+    ring = 2 * (nodes - 1) / nodes  # what each leader sends through its uplink, per byte of the all-reduce
     net = network.TwoLevelNetwork(
         intra_alpha_us=1e6 * rows[0]["intra_small_s"] / (2 * (ranks_per_node - 1)),
         intra_gbps=32 * intra_floats / intra_s / 1e9,
         inter_alpha_us=1e6 * rows[0]["inter_small_s"] / (2 * (nodes - 1)),
-        inter_gbps=32 * inter_floats / inter_s / 1e9,
+        inter_gbps=32 * ring * inter_floats / inter_s / 1e9,
         nodes=nodes,
         ranks_per_node=ranks_per_node,
     )
