@@ -155,9 +155,11 @@ class HookLab:
     def _sync_visibility(self, *_):
         entry = registry.get(self.hook.value)
         shown = self._shown_options()
-        for name, start in shown.items():
-            if name not in self.options:
+        for name, start in shown.items():  # each hook starts from its own defaults (hierarchical_topk's EF is on,
+            if name not in self.options:  # topk's off: a control kept from the last hook would show the wrong one)
                 self.options[name] = _option_widget(name, start, self._style)
+            else:
+                self.options[name].value = start
         self.options_box.children = [self.options[name] for name in shown]
         takes_wrapper = entry.kind == registry.HOOK and entry.name != "no"
         self.wrapper.disabled = not takes_wrapper

@@ -232,6 +232,7 @@ def test_available_hooks_says_what_runs_here_and_why_not():
     hooks = table[table["kind"] == "hook"].set_index("name")
     pytorch_s = ["no", "allreduce", "fp16", "bf16", "power_sgd", "batched_power_sgd", "noop"]
     lab_s = ["ring16", "wire16_sum32", "local_sgd", "post_local_sgd", "diloco"]
+    lab_s += ["hierarchical", "hierarchical_fp16", "hierarchical_power_sgd", "hierarchical_topk"]
     assert list(hooks.index) == pytorch_s + lab_s  # PyTorch's, then the lab's own
     assert hooks["runs_here"].all()
     # the notes quote what trying each one on this machine raised, not a typed guess
