@@ -113,8 +113,10 @@ def measure_levels(
     """The two-level network these ranks sit on, measured: payload rates and alphas per link class; and the time
     of an all-reduce of each of :data:`SIZES` on a node's ranks, the leaders and the world, beside the model's
     time for it from that network (:func:`collective_model_ms`)."""
-    rate = as_link(link).rate_bits
-    inter_floats = max(1 << 14, int(rate * payload_share() * 0.3 / 32))  # about 0.3 s at the set rate
+    parsed = as_link(link)
+    if parsed is None or parsed.rate_bits is None:
+        raise ValueError(f"nodes are measured behind a rate-limited uplink, not link={link!r}")
+    inter_floats = max(1 << 14, int(parsed.rate_bits * payload_share() * 0.3 / 32))  # about 0.3 s at the set rate
     intra_floats = 1 << 22  # 16 MB: tens of ms at loopback speed
     rows = cluster.run(_levels_job, ranks_per_node, intra_floats, inter_floats, 3)
     intra_s, inter_s = rows[1]["intra_s"], rows[0]["inter_s"]
