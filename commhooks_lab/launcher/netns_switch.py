@@ -145,7 +145,7 @@ def _shaping(dev: str, link: Any, delay: bool) -> list[str]:
     (fq_codel) keeps ACKs from waiting in the same way; this kernel of the lab's machine has no fq_codel.
     Only pure ACKs (:data:`PURE_ACKS`): when the first class took every TCP packet under 128 bytes, gloo's
     header-only notes overtook their connection's queued data, and a flat all-reduce of 4 ranks on 2 nodes
-    resent 14-25 % of its segments at 10 Mbit/s (6-8 % at 100 Mbit/s) and took 1.6-2.4x as long; now 0.1 %.
+    resent 14-25 % of its segments at 10 Mbit/s (6-8 % at 100 Mbit/s) and took 1.6-2.4x as long; now under 0.1 %.
     """
     commands: list[str] = []
     leaves = ["root"]

@@ -200,7 +200,7 @@ print(json.dumps(found))
 @needs_links
 def test_only_tcps_pure_acks_go_first_not_small_data():
     """A small data segment sent ahead of its connection's queued data arrives out of order, and the receiver's
-    SACKs make the sender resend what was not lost (a flat 4-rank ring at 10 Mbit/s resent 12-19 % of its
+    SACKs make the sender resend what was not lost (a flat 4-rank ring at 10 Mbit/s resent 14-25 % of its
     segments while the first class took every TCP packet under 128 bytes). So the first class (1:10) takes pure
     ACKs of every header length, SACK blocks included, and nothing that carries data or a FIN."""
     ack, psh, fin = 0x10, 0x08, 0x01
