@@ -27,7 +27,6 @@ from ..engine.config import ExperimentConfig
 from ..experiment import compare
 from ..launcher import Cluster, Ranks, netns_switch
 from ..launcher.link_spec import as_link, payload_share
-from ..result import _frame_from_json, _frame_to_json
 from . import network, recorded
 from .links import BASE, WARMUP_STEPS, step_statistics
 
@@ -147,6 +146,15 @@ def collective_model_ms(net: network.TwoLevelNetwork, group: str, nbytes: int) -
     return 1e3 * (hops * net.inter_alpha_us * 1e-6 + ring * 8 / (net.inter_gbps * 1e9))
 
 
+def _to_json(frame: pd.DataFrame) -> dict:
+    """A table as JSON keeps it (columns and rows), for a recording."""
+    return frame.to_dict(orient="split", index=False)
+
+
+def _from_json(data: dict) -> pd.DataFrame:
+    return pd.DataFrame(data["data"], columns=data["columns"])
+
+
 def tcp_segments(ctx) -> tuple[int, int]:
     """TCP segments this rank's network namespace has retransmitted and sent (``/proc/net/snmp``: per namespace)."""
     with open("/proc/net/snmp") as f:
@@ -171,16 +179,16 @@ class NodeTimes:
         return {
             "network": dataclasses.asdict(self.network),
             "link": self.link,
-            "times": _frame_to_json(self.times),
+            "times": _to_json(self.times),
             "traffics": self.traffics,
-            "collectives": _frame_to_json(self.collectives),
+            "collectives": _to_json(self.collectives),
         }
 
     @classmethod
     def from_json(cls, data: dict) -> NodeTimes:
         net = network.TwoLevelNetwork(**data["network"])
-        collectives = _frame_from_json(data["collectives"])
-        return cls(net, data["link"], _frame_from_json(data["times"]), data["traffics"], collectives)
+        collectives = _from_json(data["collectives"])
+        return cls(net, data["link"], _from_json(data["times"]), data["traffics"], collectives)
 
 
 def time_on_nodes(
@@ -268,7 +276,7 @@ def hidden_shares(hooks: Mapping[str, Callable], link: str = "100mbit", repeats:
     arguments = dict(hooks=list(hooks), link=link, repeats=repeats)
     if netns_switch.why_unavailable() is not None:
         data = recorded.replay("hidden_shares", arguments, f"link={link!r}")
-        return _frame_from_json(data).set_index("hook")
+        return _from_json(data).set_index("hook")
     table = overlap_spread(dict(hooks), link=link, repeats=repeats)
-    recorded.keep("hidden_shares", arguments, _frame_to_json(table.rename_axis("hook").reset_index()))
+    recorded.keep("hidden_shares", arguments, _to_json(table.rename_axis("hook").reset_index()))
     return table
