@@ -33,6 +33,7 @@ from commhooks_lab.launcher import Cluster, netns_switch  # noqa: E402
 from commhooks_lab.launcher.link_spec import as_link, payload_share  # noqa: E402
 from commhooks_lab.studies import network  # noqa: E402
 from commhooks_lab.studies.links import WARMUP_STEPS, step_statistics  # noqa: E402
+from commhooks_lab.studies.nodes import measure_levels, tcp_segments  # noqa: E402
 
 #: label -> (hook spec, hierarchical?): flat all-reduce (the baseline), flat fp16, flat PowerSGD, then the
 #: hierarchical hook with each inter-node leg.
@@ -64,89 +65,19 @@ def mlp256(seed: int = 0):
     return Task(model, train, test, "cross_entropy", "digits 8x8 -> MLP 64-256-256-10 (85,002 parameters)")
 
 
-def _levels_job(ctx, ranks_per_node: int, intra_floats: int, inter_floats: int, repeats: int) -> dict:
-    """Rank 1 times a send from rank 0 inside the node, rank L one across the uplink (seconds from a barrier);
-    every rank times a 4-byte all-reduce in its node group and the leaders theirs (median of 20)."""
-    import statistics
-
-    import torch
-    import torch.distributed as dist
-
-    world, rank, size = ctx.world_size, ctx.rank, ranks_per_node
-    nodes = [list(range(s, s + size)) for s in range(0, world, size)]
-    node_group, _ = dist.new_subgroups_by_enumeration(nodes)
-    leaders, _ = dist.new_subgroups_by_enumeration([[n[0] for n in nodes]])
-    tiny = torch.ones(1)
-
-    def small(group) -> float:
-        for _ in range(3):
-            dist.all_reduce(tiny, group=group)
-        times = []
-        for _ in range(20):
-            dist.barrier(group=group)
-            start = time.perf_counter()
-            dist.all_reduce(tiny, group=group)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    out: dict = {"intra_small_s": small(node_group)}
-    if leaders is not None:
-        out["inter_small_s"] = small(leaders)
-    for name, peer, floats in (("intra", 1, intra_floats), ("inter", size, inter_floats)):
-        x = torch.ones(floats)
-        seconds = []
-        for _ in range(repeats):
-            dist.barrier()
-            start = time.perf_counter()
-            if rank == 0:
-                dist.send(x, peer)
-            elif rank == peer:
-                dist.recv(x, 0)
-                seconds.append(time.perf_counter() - start)
-        if rank == peer:
-            out[f"{name}_s"] = statistics.median(seconds)
-    dist.barrier()
-    return out
-
-
-def measure_levels(cluster: Cluster, link: str, nodes: int, ranks_per_node: int) -> network.TwoLevelNetwork:
-    """The two-level network these ranks sit on, measured: payload rates and alphas per link class."""
-    rate = as_link(link).rate_bits
-    inter_floats = max(1 << 14, int(rate * payload_share() * 0.3 / 32))  # about 0.3 s at the set rate
-    intra_floats = 1 << 22  # 16 MB: tens of ms at loopback speed
-    rows = cluster.run(_levels_job, ranks_per_node, intra_floats, inter_floats, 3)
-    intra_s, inter_s = rows[1]["intra_s"], rows[ranks_per_node]["inter_s"]
-    return network.TwoLevelNetwork(
-        intra_alpha_us=1e6 * rows[0]["intra_small_s"] / (2 * (ranks_per_node - 1)),
-        intra_gbps=32 * intra_floats / intra_s / 1e9,
-        inter_alpha_us=1e6 * rows[0]["inter_small_s"] / (2 * (nodes - 1)),
-        inter_gbps=32 * inter_floats / inter_s / 1e9,
-        nodes=nodes,
-        ranks_per_node=ranks_per_node,
-    )
-
-
-def _tcp_segments(ctx) -> tuple[int, int]:
-    """TCP segments this rank's network namespace has retransmitted and sent (``/proc/net/snmp``: per namespace)."""
-    with open("/proc/net/snmp") as f:
-        names, values = [line.split()[1:] for line in f if line.startswith("Tcp:")]
-    tcp = dict(zip(names, map(int, values)))
-    return tcp["RetransSegs"], tcp["OutSegs"]
-
-
 def _run_link(args, model, link: str) -> tuple[network.TwoLevelNetwork, dict, dict]:
     """One Cluster on the topology behind ``link``: its link classes measured, then every hook timed, with the
     share of the TCP segments its ranks sent that were retransmissions (a deep htb queue: see the closing note)."""
     world = args.nodes * args.ranks_per_node
     with Cluster(world, nodes=args.nodes, link=link) as cluster:
-        net = measure_levels(cluster, link, args.nodes, args.ranks_per_node)
+        net, _ = measure_levels(cluster, link, args.nodes, args.ranks_per_node)
         base = ExperimentConfig(model=model, world_size=world, nodes=args.nodes, link=link,
                                 steps=STEPS_FOR.get(link, args.steps), timing=True, measure=False)  # fmt: skip
         timed, resent = {}, {}
         for label, (spec, _) in HOOKS.items():
-            before = cluster.run(_tcp_segments)
+            before = cluster.run(tcp_segments)
             (timed[label],) = compare([base.replace(hook=spec, label=label)], cluster=cluster)
-            after = cluster.run(_tcp_segments)
+            after = cluster.run(tcp_segments)
             sent = sum(a[1] - b[1] for a, b in zip(after, before))
             resent[label] = sum(a[0] - b[0] for a, b in zip(after, before)) / max(sent, 1)
     return net, timed, resent

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .checking import Outcome, check_function, reference
+from .checking import NOTHING_LATER, Outcome, check_function, reference
 
 __all__ = [
     "PARAMETER_SIZES",
@@ -522,4 +522,5 @@ def check_overlapping_hook(attempt, cluster=None, world_sizes=WORLD_SIZES) -> Ou
         lambda fn: _verify(fn, cluster, world_sizes),
         f"At {', '.join(map(str, world_sizes))} ranks: two collectives per bucket in the same order on every rank, "
         "none waited for inside the hook (the others returned before a late rank joined), the exact mean.",
+        later=NOTHING_LATER,
     )

@@ -12,7 +12,8 @@ from commhooks_lab.course import course_root
 from commhooks_lab.launcher import isolation, netns_switch, notes
 from commhooks_lab.launcher.netns_switch import NetworkUnavailableError
 from commhooks_lab.result import Result
-from commhooks_lab.studies import links, recorded
+from commhooks_lab.studies import links, nodes, recorded
+from commhooks_lab.studies import network as lab_network
 
 CAUSE = "this machine allows no more user namespaces (user.max_user_namespaces is 0 or used up)"
 WAY_OUT = "only the machine's owner can allow them"
@@ -97,6 +98,39 @@ def test_where_links_are_refused_the_race_returns_the_recorded_results(tmp_path,
     pd.testing.assert_frame_equal(links.time_to_accuracy(raced, 0.8), links.time_to_accuracy(runs, 0.8))
 
 
+def _node_times() -> nodes.NodeTimes:
+    net = lab_network.TwoLevelNetwork(intra_alpha_us=50.0, intra_gbps=9.5, inter_alpha_us=80.0, inter_gbps=0.0097,
+                                      nodes=2, ranks_per_node=2)  # fmt: skip
+    times = pd.DataFrame([{"run": "noop", "api": "ddp", "hierarchical": False, "intra_bytes": 0.0, "inter_bytes": 0.0,
+                           "median_ms": 1 / 3, "min_ms": 0.25, "max_ms": 2.0, "steps": 6, "retransmitted": 0.0},
+                          {"run": "hierarchical", "api": "ddp", "hierarchical": True, "intra_bytes": 57660.0,
+                           "inter_bytes": 38440.0, "median_ms": 33.5, "min_ms": 31.0, "max_ms": 40.0, "steps": 6,
+                           "retransmitted": 0.01}])  # fmt: skip
+    traffic = {"intra_bytes": 57660.0, "inter_bytes": 38440.0, "intra_calls": 2.0, "inter_allreduce_calls": 1.0,
+               "inter_allgather_calls": 0.0, "hierarchical": True}  # fmt: skip
+    collectives = pd.DataFrame([{"group": "world", "bytes": 4, "measured_ms": 1.4, "model_ms": 0.5}])
+    return nodes.NodeTimes(net, "10mbit", times, {"hierarchical": traffic}, collectives)
+
+
+def test_where_links_are_refused_the_nodes_study_replays_its_recorded_runs_and_says_so(tmp_path, monkeypatch, refused):
+    timed = _node_times()
+    arguments = dict(hooks={"noop": "noop", "hierarchical": "hierarchical"}, fsdp2={}, link="10mbit", nodes=2,
+                     ranks_per_node=2, model="mlp", steps=8)  # fmt: skip
+    _record(tmp_path, monkeypatch, "time_on_nodes", arguments, timed.to_json())
+    with pytest.warns(RuntimeWarning, match=r"nodes=2, link='10mbit' cannot be built here: this machine"):
+        replayed = nodes.time_on_nodes({"hierarchical": "hierarchical"}, link="10mbit")
+    assert replayed.network == timed.network and replayed.traffics == timed.traffics
+    pd.testing.assert_frame_equal(replayed.times, timed.times)
+    pd.testing.assert_frame_equal(replayed.collectives, timed.collectives)
+    model = nodes.model_table(replayed, {})
+    assert model.loc["hierarchical", "model_ms"] == pytest.approx(1 / 3 + 1e3 * lab_network.two_level_seconds(
+        timed.traffics["hierarchical"], timed.network))  # fmt: skip
+    with pytest.raises(NetworkUnavailableError, match=r"nodes=2, link='100mbit' cannot be built on this machine"):
+        nodes.time_on_nodes({"hierarchical": "hierarchical"}, link="100mbit")
+    with pytest.raises(NetworkUnavailableError, match=r"link='100mbit' cannot be built on this machine"):
+        nodes.hidden_shares({"mine": print}, link="100mbit")
+
+
 def test_a_study_keeps_its_runs_only_where_the_script_asks(tmp_path, monkeypatch):
     monkeypatch.delenv(recorded.VARIABLE, raising=False)
     recorded.keep("demo", {"links": ("a", "b")}, {"x": 0.1})  # a learner's run: nothing written anywhere
@@ -118,7 +152,11 @@ def test_each_recording_was_made_by_its_notebooks_code_and_each_section_behind_a
     notebooks = course_root() / "notebooks"
     kept = {path.stem: json.loads(path.read_text()) for path in recorded.DIRECTORY.glob("*.json")}
     sections = recorded.link_sections()
-    assert len(sections) == 2 and sections[0].startswith("notebook 8, 7. On real slow links"), sections
+    assert len(sections) == 4 and sections[0].startswith("notebook 8, 7. On real slow links"), sections
+    assert sections[2:] == [
+        "notebook 13, 1. Two nodes on a laptop",
+        "notebook 13, 5. Overlap: a hook that does not wait",
+    ]
     numbers = {int(section.split(",")[0].split()[1]) for section in sections}
     assert {int(stem[:2]) for stem in kept} == numbers
     for stem, recording in kept.items():

@@ -34,11 +34,12 @@ HALF_VARIABLE = "COMMHOOKS_LAB_OTHER_MACHINES_HALF"
 #: the work: the halves were every other notebook, and one held notebooks 4, 6, 8, 10 and 12, twice the other's
 #: seconds (146 s against 73 s), so the suite took about a minute longer every other day. Notebook 10 measured again
 #: 2026-12-07 (--durations), after its compile matrix came to share Dynamo's caches within a mode: 40 -> 30 s.
+#: Notebook 13: 30 s under -n0 (2026-12-07, twice).
 SECONDS = {
     "01_quickstart": 8, "02_anatomy_of_a_hook": 7, "03_fp16_vs_bf16": 6, "04_powersgd": 28, "05_accelerate": 8,
     "06_dashboard": 15, "07_write_your_own_hook": 7, "08_when_compression_pays_off": 53, "09_precision_at_scale": 11,
     "10_hooks_in_the_real_world": 30, "11_communicate_less_often": 28, "12_from_lab_to_production": 14,
-    "template_your_lab": 4,
+    "13_nodes_on_a_laptop": 30, "template_your_lab": 4,
 }  # fmt: skip
 
 

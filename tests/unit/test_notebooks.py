@@ -33,6 +33,7 @@ def test_the_curriculum_is_all_there():
         "hooks_in_the_real_world",
         "communicate_less_often",
         "from_lab_to_production",
+        "nodes_on_a_laptop",
     ]
     names = [p.stem for p in NOTEBOOKS]
     assert len(names) == len(topics) and all(topic in name for topic, name in zip(topics, names))
