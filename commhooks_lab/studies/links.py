@@ -30,7 +30,7 @@ import pandas as pd
 
 from ..engine.config import ExperimentConfig
 from ..experiment import compare
-from ..launcher import Cluster, Ranks, RankSpec, netns_switch
+from ..launcher import Cluster, Ranks, RankSpec
 from ..launcher.link_spec import as_link, payload_share
 from ..result import Result, ResultSet, _frame_from_json, _frame_to_json, from_json
 from . import network, recorded
@@ -255,7 +255,7 @@ def time_hooks(
         as_link(link)  # a wrong spec is refused as such, wherever it runs
     arguments = dict(hooks=hooks, links=links, model=model, world_size=world_size, steps=steps, repeats=repeats,
                      steps_for=steps_for, transfers=transfers, seconds=seconds)  # fmt: skip
-    if netns_switch.why_unavailable() is not None:
+    if recorded.why_replayed() is not None:
         return LinkTimes.from_json(recorded.replay("time_hooks", arguments, f"links={tuple(links)}"))
     rows: list[dict] = []
     traffics: dict[str, dict] = {}
@@ -409,7 +409,7 @@ def race(hooks: Sequence[str], link: str, seeds: Sequence[int] = (0,), **setting
     runs :func:`time_to_accuracy` reads. Where this machine cannot build links, as :func:`time_hooks`."""
     as_link(link)
     arguments = dict(hooks=list(hooks), link=link, seeds=list(seeds), **settings)
-    if netns_switch.why_unavailable() is not None:
+    if recorded.why_replayed() is not None:
         runs = recorded.replay("race", arguments, f"link={link!r}")
         return ResultSet(from_json(run, recorded.DIRECTORY) for run in runs)
     raced = ResultSet(r for seed in seeds for r in compare(list(hooks), link=link, seed=seed, **settings))

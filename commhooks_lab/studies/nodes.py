@@ -25,7 +25,7 @@ import pandas as pd
 
 from ..engine.config import ExperimentConfig
 from ..experiment import compare
-from ..launcher import Cluster, Ranks, netns_switch
+from ..launcher import Cluster, Ranks
 from ..launcher.link_spec import as_link, payload_share
 from . import network, recorded
 from .links import BASE, WARMUP_STEPS, step_statistics
@@ -213,7 +213,7 @@ def time_on_nodes(
     hooks = {BASE: BASE, **hooks}
     arguments = dict(hooks=hooks, fsdp2=fsdp2, link=link, nodes=nodes, ranks_per_node=ranks_per_node, model=model,
                      steps=steps)  # fmt: skip
-    if netns_switch.why_unavailable() is not None:
+    if recorded.why_replayed() is not None:
         return NodeTimes.from_json(recorded.replay("time_on_nodes", arguments, f"nodes={nodes}, link={link!r}"))
     world = nodes * ranks_per_node
     base = ExperimentConfig(model=model, world_size=world, nodes=nodes, link=link, steps=steps, timing=True,
@@ -274,7 +274,7 @@ def hidden_shares(hooks: Mapping[str, Callable], link: str = "100mbit", repeats:
 
     as_link(link)
     arguments = dict(hooks=list(hooks), link=link, repeats=repeats)
-    if netns_switch.why_unavailable() is not None:
+    if recorded.why_replayed() is not None:
         data = recorded.replay("hidden_shares", arguments, f"link={link!r}")
         return _from_json(data).set_index("hook")
     table = overlap_spread(dict(hooks), link=link, repeats=repeats)

@@ -5,6 +5,8 @@ runs it: the script names a file in :data:`VARIABLE`, and once every notebook ra
 ``recorded/<notebook>.json`` with a digest of the notebook's code. Where this machine refuses user namespaces,
 the same call returns its recording, with a note that says so; a call that was never recorded is refused as
 ``link=`` is. A test holds each recording's digest to its notebook's code: one cannot change without the other.
+:data:`REPLAY_VARIABLE` asks for the recordings where links could be built: the check of the notebooks on other
+kernel paths runs two notebooks at once beside the suite, where timing claims measure the load, not the links.
 """
 
 from __future__ import annotations
@@ -21,12 +23,24 @@ from typing import Any
 
 from ..launcher import netns_switch, notes
 
-__all__ = ["code_digest", "DIRECTORY", "keep", "link_sections", "links_report", "replay", "VARIABLE"]
+__all__ = [
+    "code_digest",
+    "DIRECTORY",
+    "keep",
+    "link_sections",
+    "links_report",
+    "replay",
+    "REPLAY_VARIABLE",
+    "VARIABLE",
+    "why_replayed",
+]
 
 #: The recordings the package ships, one file per notebook.
 DIRECTORY = Path(__file__).parent / "recorded"
 #: Set by ``scripts/execute_notebooks.py`` in the kernel's environment: the file a study appends its runs to.
 VARIABLE = "COMMHOOKS_LAB_RECORD_TO"
+#: Set to 1: the studies replay their recordings even where links can be built (:func:`why_replayed`).
+REPLAY_VARIABLE = "COMMHOOKS_LAB_REPLAY_LINKS"
 #: A code line that asks for a real link: ``link="10mbit"``, ``links=("unlimited", ...)`` (not ``link=None``).
 ASKS_FOR_A_LINK = re.compile(r"\blinks?\s*=\s*[\"'(\[]")
 
@@ -68,6 +82,19 @@ def keep(study: str, arguments: Mapping[str, Any], data: Any) -> None:
     path.write_text(json.dumps(kept, indent=1))
 
 
+def why_replayed() -> str | None:
+    """Why a study replays its recording instead of building links (None: it builds them)."""
+    if os.environ.get(REPLAY_VARIABLE) == "1":
+        return f"{REPLAY_VARIABLE}=1 asks for the recorded runs"
+    return netns_switch.why_unavailable()
+
+
+def _not_built(asked: str) -> str:
+    if os.environ.get(REPLAY_VARIABLE) == "1":
+        return f"{asked} is not built here: {REPLAY_VARIABLE}=1 asks for the recorded runs"
+    return f"{asked} cannot be built here: {netns_switch.facts()['refused']}"
+
+
 def _recordings() -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted(DIRECTORY.glob("*.json"))]
 
@@ -76,7 +103,7 @@ def replay(study: str, arguments: Mapping[str, Any], asked: str) -> Any:
     """The recorded run of this call, said to be one (a machine note); refused if nobody recorded it.
 
     ``asked``: what the call needs, as the note and the refusal name it (``link='10mbit'``)."""
-    why = netns_switch.why_unavailable()
+    why = why_replayed()
     wanted = _plain(arguments)
     for recording in _recordings():
         for run in recording["runs"]:
@@ -84,7 +111,7 @@ def replay(study: str, arguments: Mapping[str, Any], asked: str) -> Any:
                 machine = run["recorded_on"]
                 notes.say(
                     "recorded_links",
-                    f"{asked} cannot be built here: {netns_switch.facts()['refused']}. What follows was measured "
+                    f"{_not_built(asked)}. What follows was measured "
                     f"on a machine that could ({machine['cpu']}, torch {machine['torch']}, {machine['date']}), not "
                     "on this one.",
                     stacklevel=3,

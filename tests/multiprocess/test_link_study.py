@@ -122,7 +122,8 @@ def test_a_timed_study_measures_its_links_and_every_hook_behind_each():
     assert 0.85 < table.loc["50mbit", "achieved_vs_set"] < 1.1
     assert list(timed.times["hook"].unique()) == ["noop", "allreduce", "fp16"]
     step = timed.times.set_index(["link", "hook"])["median_ms"]
-    # 4.5 MB over 50 Mbit/s is about 0.75 s; fp16 sends half of it: both ratios hold with a wide margin
-    assert step["50mbit", "allreduce"] > 10 * step["unlimited", "allreduce"]
+    # 4.5 MB over 50 Mbit/s is about 0.75 s; fp16 sends half of it. Quiet, the first ratio is about 33 (772 ms
+    # against 23.6); in a CI run beside two 4-rank notebooks it fell to 8.5 (794 against 93.6): 5 leaves room
+    assert step["50mbit", "allreduce"] > 5 * step["unlimited", "allreduce"]
     assert 0.35 < step["50mbit", "fp16"] / step["50mbit", "allreduce"] < 0.75
     assert timed.traffics["fp16"]["allreduce_bytes"] * 2 == timed.traffics["allreduce"]["allreduce_bytes"]

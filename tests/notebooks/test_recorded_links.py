@@ -131,6 +131,22 @@ def test_where_links_are_refused_the_nodes_study_replays_its_recorded_runs_and_s
         nodes.hidden_shares({"mine": print}, link="100mbit")
 
 
+def test_asked_for_the_recordings_a_study_replays_them_even_where_links_can_be_built(tmp_path, monkeypatch):
+    """What the other-kernel-path check sets: no Cluster starts (a start would fail: there is none to start), and the
+    note says why the run is a recording."""
+    timed = _node_times()
+    arguments = dict(hooks={"noop": "noop", "hierarchical": "hierarchical"}, fsdp2={}, link="10mbit", nodes=2,
+                     ranks_per_node=2, model="mlp", steps=8)  # fmt: skip
+    _record(tmp_path, monkeypatch, "time_on_nodes", arguments, timed.to_json())
+    monkeypatch.setattr(netns_switch, "facts", lambda: {"refused": None, "way_out": None, "netem": False})
+    monkeypatch.setattr(nodes, "Cluster", None)  # building links would call it
+    assert recorded.why_replayed() is None
+    monkeypatch.setenv(recorded.REPLAY_VARIABLE, "1")
+    with pytest.warns(RuntimeWarning, match=r"link='10mbit' is not built here: COMMHOOKS_LAB_REPLAY_LINKS=1 asks"):
+        replayed = nodes.time_on_nodes({"hierarchical": "hierarchical"}, link="10mbit")
+    pd.testing.assert_frame_equal(replayed.times, timed.times)
+
+
 def test_a_study_keeps_its_runs_only_where_the_script_asks(tmp_path, monkeypatch):
     monkeypatch.delenv(recorded.VARIABLE, raising=False)
     recorded.keep("demo", {"links": ("a", "b")}, {"x": 0.1})  # a learner's run: nothing written anywhere

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from commhooks_lab.studies import recorded
 from commhooks_lab.testing import machines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +81,10 @@ def test_the_notebooks_pass_the_tolerant_check_on_two_other_kernel_paths():
         path: subprocess.Popen(
             [sys.executable, "-m", "pytest", *share[path], "-q", "--lab-tolerant"],
             cwd=ROOT,
-            env=machines.environment(path),
+            # the studies behind links replay their recordings: two notebooks at once beside the suite's other
+            # worker made notebook 13's timing checks measure the load (CI, 2026-12-07); kernel paths change numbers,
+            # not the links, and strict nbval runs those sections live
+            env={**machines.environment(path), recorded.REPLAY_VARIABLE: "1"},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
