@@ -295,9 +295,12 @@ def _compare_both_switches(fn, cluster, steps: int) -> str | None:
 
 
 def _on_small_buckets(fn, ref, state_factory, cluster, what: str, more: str, fewer: str) -> str | None:
-    """Two steps on buckets of one parameter each (DDP's rebuild comes after step 0): the case every world size
-    runs, so that it is short."""
-    return _compare_runs(fn, ref, state_factory, 2, cluster, what, more, fewer, case=_ON_SMALL_BUCKETS, **SMALL_BUCKETS)
+    """Two steps on buckets of one parameter each (DDP's rebuild comes after step 0), on ``cluster``'s ranks: the
+    case every world size runs, so that it is short."""
+    return _compare_runs(
+        fn, ref, state_factory, 2, cluster, what, more, fewer, case=_ON_SMALL_BUCKETS, world_size=cluster.world_size,
+        **SMALL_BUCKETS,
+    )  # fmt: skip
 
 
 def check_topk_ef_hook(attempt, cluster=None, steps: int = 6, world_sizes=WORLD_SIZES) -> Outcome:
