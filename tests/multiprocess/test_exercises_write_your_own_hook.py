@@ -630,3 +630,27 @@ def test_a_rounding_generator_that_raises_is_told_what_it_raised(cluster):
 
     outcome = compressing_hooks.check_rounding_generator(raises, cluster=cluster)
     assert outcome.status == WRONG and "your code raised ZeroDivisionError" in outcome.message
+
+
+def test_the_world_size_loop_says_where_a_problem_showed():
+    """checking.first_problem_by_world_size on stand-in Clusters (only their world_size is read): no ranks start."""
+    from types import SimpleNamespace
+
+    from commhooks_lab.exercises.checking import first_problem_by_world_size
+
+    given = [SimpleNamespace(world_size=w) for w in (2, 3, 4)]
+    seen = []
+
+    def wrong_from(first_wrong):
+        def problem_at(ranks):
+            seen.append(ranks.world_size)
+            return "not the mean." if ranks.world_size >= first_wrong else None
+
+        return problem_at
+
+    assert first_problem_by_world_size(wrong_from(5), given) is None and seen == [2, 3, 4]
+    assert first_problem_by_world_size(wrong_from(2), given) == "not the mean."  # as the 2-rank checks said it
+    said = first_problem_by_world_size(wrong_from(3), given)
+    assert said.startswith("right at 2 ranks, but at 3: not the mean.") and "a 2 where the world size" in said
+    assert first_problem_by_world_size(wrong_from(4), given) == "at 4 ranks: not the mean."
+    assert first_problem_by_world_size(wrong_from(3), given[1:], world_sizes=(3, 4)) == "not the mean."
