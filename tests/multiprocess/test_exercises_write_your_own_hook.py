@@ -563,6 +563,14 @@ def test_the_planes_catch_packings_that_overlap_and_pass_chance_matches():
         assert compressing_hooks._plane_problem(right) is None, right.__name__
 
 
+def seed_above_bit_31(seed, rank, step, bucket_index):  # the seed is in the number, where manual_seed drops it
+    return torch.Generator().manual_seed(seed * 2**32 + hash((rank, step, bucket_index)) % 2**32)
+
+
+def rank_above_bit_31(seed, rank, step, bucket_index):
+    return torch.Generator().manual_seed(rank * 2**40 + hash((seed, step, bucket_index)) % 2**32)
+
+
 def test_rounding_generator_not_attempted_hands_on_the_reference(cluster, capsys):
     outcome = compressing_hooks.check_rounding_generator(generator_stub, cluster=cluster)
     assert outcome.status == NOT_ATTEMPTED and outcome.value is compressing_hooks.rounding_generator
@@ -589,6 +597,8 @@ def test_rounding_generator_not_attempted_hands_on_the_reference(cluster, capsys
         (returns_the_seed, "return a torch.Generator"),
         (salted_str_hash, "hash() of a str or bytes, which Python salts anew in every process"),
         (sixteen_buckets_a_step, "(0, 0, 1, 0) and (0, 0, 0, 16) drew the same noise"),
+        (seed_above_bit_31, "Mix the seed in (if it is in your number, it sits above bit 31"),
+        (rank_above_bit_31, "Mix the rank into the seed (if it is in your number, it sits above bit 31"),
     ],
     ids=lambda x: x.__name__ if callable(x) else "",
 )
