@@ -478,6 +478,13 @@ def rounding_generator(seed: int, rank: int, step: int, bucket_index: int) -> to
     return torch.Generator().manual_seed(hash((seed, rank, step, bucket_index)) % 2**63)
 
 
+#: Said where an argument seems left out: it may be in the number, above the bits the generator keeps.
+_LOW_32 = (
+    " (if it is in your number, it sits above bit 31: torch's CPU generator seeds from the number's low 32 bits "
+    "alone, so multiply by 2**32 or more and it is gone)"
+)
+
+
 def _noise_grid(fn, seed: int, keys: list) -> dict:
     """Draws from ``fn(seed, rank, step, bucket)`` for each (step, bucket) in ``keys``, in that order, on this rank;
     torch's global generator seeded with ``seed`` first, as a reproducible training script seeds it."""
@@ -561,7 +568,7 @@ def _noise_problem(first: list[dict], second: list[dict]) -> str | None:
             )
         return (
             "both ranks drew the same noise at every step: the ranks averaged identical roundings, so the average "
-            "is no less noisy than one rank's. Mix the rank into the seed."
+            f"is no less noisy than one rank's. Mix the rank into the seed{_LOW_32}."
         )
     keys = sorted(draws[0])
     if all(d[(step, bucket)] == d[(0, bucket)] for d in draws for step, bucket in keys):
@@ -575,7 +582,7 @@ def _noise_problem(first: list[dict], second: list[dict]) -> str | None:
             "every bucket would draw the same number. Mix the bucket index into the seed."
         )
     if all(a[NOISE_SEEDS[1]]["draws"] == a[seed]["draws"] for a in first):
-        return "seed 1 drew the same noise as seed 0: a run's seed must set the noise too. Mix the seed in."
+        return f"seed 1 drew the same noise as seed 0: a run's seed must set the noise too. Mix the seed in{_LOW_32}."
     seen: dict[tuple, tuple] = {}
     for rank, r in enumerate(first):
         for s in NOISE_SEEDS:
