@@ -19,12 +19,14 @@ __all__ = [
     "NOT_ATTEMPTED",
     "NOTHING_LATER",
     "RIGHT",
+    "WORLD_SIZES",
     "WRONG",
     "Outcome",
     "bool_problem",
     "check_function",
     "check_prediction",
     "choice_problem",
+    "first_problem_by_world_size",
     "is_stub",
     "reference",
     "reveal",
@@ -36,6 +38,9 @@ __all__ = [
 NOT_ATTEMPTED, WRONG, RIGHT = "not attempted", "wrong", "right"
 #: ``check_function(later=...)`` for an exercise whose answer nothing later in its notebook uses.
 NOTHING_LATER = "Nothing later in the notebook depends on it."
+#: The world sizes a hook's check runs at, in this order: a 2 written for the world size is right at 2 ranks only,
+#: and a 3 or a 4 where the rank count should be is caught at the size after.
+WORLD_SIZES = (2, 3, 4)
 
 
 @dataclass
@@ -173,6 +178,35 @@ def run_beside_reference(
         **changes,
     )
     return mine.steps, theirs.steps
+
+
+def first_problem_by_world_size(
+    problem_at: Callable[[Any], str | None], cluster: Any = None, world_sizes: Sequence[int] = WORLD_SIZES
+) -> str | None:
+    """``problem_at(ranks)`` at each world size in turn, on the Cluster of that size in ``cluster`` (one Cluster,
+    several, or None) or else on a Cluster started for it and stopped after (one start per size); the first problem,
+    said with the size it showed at. Right at 2 ranks and wrong at more gets the hint for "2" in place of the world
+    size (or rank 1 as "the other")."""
+    from ..launcher import Cluster
+
+    given = {c.world_size: c for c in (cluster if isinstance(cluster, list | tuple) else [cluster]) if c is not None}
+    right_at: list[int] = []
+    for world in world_sizes:
+        if world in given:
+            problem = problem_at(given[world])
+        else:
+            with Cluster(world_size=world) as ranks:
+                problem = problem_at(ranks)
+        if problem is None:
+            right_at.append(world)
+        elif right_at == [2]:
+            return (
+                f"right at 2 ranks, but at {world}: {problem} Something in your code holds only for two ranks: a 2 "
+                "where the world size belongs (dist.get_world_size()), or rank 1 as 'the other' rank."
+            )
+        else:
+            return problem if world == world_sizes[0] else f"at {world} ranks: {problem}"
+    return None
 
 
 def check_prediction(

@@ -1,6 +1,6 @@
 """Notebook 10's exercises: make a bucket-only hook compile-safe (checked eagerly and under compiled
-autograd on two real ranks, against the exact mean, and for graph breaks in the compiled backward), and
-predict what a resume without hook state sends."""
+autograd on two real ranks, against the exact mean, and for graph breaks in the compiled backward; then eagerly
+at 3 and 4 ranks), and predict what a resume without hook state sends."""
 
 from typing import Any
 
@@ -8,7 +8,15 @@ import torch.distributed as dist
 
 from .. import _compat
 from ..hooks.contract import completed_future
-from .checking import Outcome, check_function, check_prediction, choice_problem, reference
+from .checking import (
+    WORLD_SIZES,
+    Outcome,
+    check_function,
+    check_prediction,
+    choice_problem,
+    first_problem_by_world_size,
+    reference,
+)
 
 __all__ = ["bytes_answer", "check_bytes_prediction", "check_compile_safe_hook", "compile_safe_mean_hook"]
 
@@ -23,7 +31,18 @@ def compile_safe_mean_hook(state, bucket):
     return completed_future(grad)
 
 
-def _verify_compile_safe(fn, cluster) -> str | None:
+def _verify_compile_safe(fn, cluster, world_sizes=WORLD_SIZES) -> str | None:
+    """Both forms at the first world size, then eager DDP alone at the others: a 2 written for the world size is
+    wrong in both forms alike, and compiled autograd costs each rank seconds of Dynamo's tracing, which 3 and 4
+    ranks at once would multiply on a laptop."""
+
+    def at(ranks) -> str | None:
+        return _compile_safe_problem(fn, ranks, eager_only=ranks.world_size != world_sizes[0])
+
+    return first_problem_by_world_size(at, cluster, world_sizes)
+
+
+def _compile_safe_problem(fn, cluster, eager_only: bool = False) -> str | None:
     """Eager first: an attempt that is wrong there already is told so without a compiled-autograd case (about a
     CPU-second a rank). The reference's rows are computed once per process (``compile_compatibility`` caches each
     hook)."""
@@ -41,6 +60,8 @@ def _verify_compile_safe(fn, cluster) -> str | None:
         )
     if eager["grad_sha256"] != exact["grad_sha256"]:
         return "in eager DDP it does not leave the exact mean: divide the bucket by the world size, then all-reduce it."
+    if eager_only:
+        return None
     compiled, reference_compiled = rows("compiled_autograd")
     if not compiled["runs"]:
         if "'tuple' object has no attribute" in compiled["error"]:
@@ -80,21 +101,26 @@ def _graph_break_hint(count: int, reasons: str) -> str:
     )
 
 
-def check_compile_safe_hook(attempt, cluster=None) -> Outcome:
-    """Your hook in eager DDP and under compiled autograd: the exact mean both times, no graph break compiled.
+def check_compile_safe_hook(attempt, cluster=None, world_sizes=WORLD_SIZES) -> Outcome:
+    """Your hook in eager DDP and under compiled autograd: the exact mean both times, no graph break compiled; then
+    in eager DDP at 3 and 4 ranks.
+
+    ``cluster``: a Cluster, or several, used for the world sizes they have; the others get ranks started for them.
 
     Wrong answers it recognises, each told by its own hint: the bucket-only hook, which fails on the tuple ("take
     bucket[0] when isinstance(bucket, tuple)"); no division ("divide the bucket"); no Future in eager DDP
     ("completed_future(tensor)"); a Future built on the tuple path too, by completed_future ("return the tensor
     itself") or by hand ("making a torch.futures.Future"); a copy reduced under compiled autograd, not
-    param.grad itself ("divide that tensor in place"); another graph break ("keep to tensor work").
+    param.grad itself ("divide that tensor in place"); another graph break ("keep to tensor work"); a division by
+    2, not by the world size ("right at 2 ranks, but at 3").
     """
+    more = ", ".join(map(str, world_sizes[1:]))
     return check_function(
         "compile_safe_hook",
         attempt,
-        lambda fn: _verify_compile_safe(fn, cluster),
-        "It leaves the exact mean, bit for bit, in eager DDP and under compiled autograd, and the compiled "
-        "backward has no graph break.",
+        lambda fn: _verify_compile_safe(fn, cluster, world_sizes),
+        f"It leaves the exact mean, bit for bit, in eager DDP and under compiled autograd at {world_sizes[0]} ranks, "
+        "and the compiled backward has no graph break" + (f"; in eager DDP at {more} ranks too." if more else "."),
     )
 
 

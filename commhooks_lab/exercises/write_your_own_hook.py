@@ -14,7 +14,18 @@ import torch
 import torch.distributed as dist
 
 from ..hooks.contract import completed_future
-from .checking import NOT_ATTEMPTED, RIGHT, WRONG, Outcome, check_function, reference, run_beside_reference, say
+from .checking import (
+    NOT_ATTEMPTED,
+    RIGHT,
+    WORLD_SIZES,
+    WRONG,
+    Outcome,
+    check_function,
+    first_problem_by_world_size,
+    reference,
+    run_beside_reference,
+    say,
+)
 
 __all__ = [
     "check_ef_prediction",
@@ -182,6 +193,14 @@ def check_topk(attempt) -> Outcome:
 #: buckets (notebook 2), where the MLP travels in one.
 MULTI_BUCKET: dict[str, Any] = {"model": "cnn", "bucket_cap_mb": 0.01}
 _ON_MULTI_BUCKET = "on the digits CNN in three buckets (model='cnn', bucket_cap_mb=0.01): "
+#: The third case: the MLP with a 16-byte cap, so that every parameter travels in a bucket of its own from step 1
+#: (DDP's rebuild), its 10-entry output bias among them: under the 100 entries from which ratio 0.01 keeps one.
+SMALL_BUCKETS: dict[str, Any] = {"bucket_cap_mb": 16 / 2**20}
+_ON_SMALL_BUCKETS = "on the MLP with one bucket per parameter (bucket_cap_mb=16 / 2**20), its 10-entry bias alone: "
+_KEEP_ONE = (
+    "Yours sends less: 0.01 x 10 entries is 0.1, and int() makes it 0. Keep at least one entry, "
+    "k = max(1, int(ratio * numel)), or the bucket is never sent and its residual grows for ever."
+)
 
 _REBUILT = (
     "your residual does not follow the parameters. DDP rebuilt its buckets after step 0 (notebook 2), so at step 1 "
@@ -258,7 +277,7 @@ _SIGN_BYTES = {
 
 def _compare_both_switches(fn, cluster, steps: int) -> str | None:
     """With error feedback (the default state), then without: a hook that ignores the switch fails the second;
-    then error feedback on a model of several buckets."""
+    then error feedback on a model of several buckets, and on buckets too small for ratio x numel to reach 1."""
     what = "top-k of gradient + residual"
     problem = _compare_runs(fn, topk_ef_hook, topk_state, steps, cluster, what, **_TOPK_BYTES)
     if problem is None:
@@ -272,12 +291,24 @@ def _compare_both_switches(fn, cluster, steps: int) -> str | None:
         problem = _compare_runs(
             fn, topk_ef_hook, topk_state, steps, cluster, what, **_TOPK_BYTES, case=_ON_MULTI_BUCKET, **MULTI_BUCKET
         )
-    return problem
+    return problem or _on_small_buckets(fn, topk_ef_hook, topk_state, cluster, what, _TOPK_BYTES["more"], _KEEP_ONE)
 
 
-def check_topk_ef_hook(attempt, cluster=None, steps: int = 6) -> Outcome:
+def _on_small_buckets(fn, ref, state_factory, cluster, what: str, more: str, fewer: str) -> str | None:
+    """Two steps on buckets of one parameter each (DDP's rebuild comes after step 0), on ``cluster``'s ranks: the
+    case every world size runs, so that it is short."""
+    return _compare_runs(
+        fn, ref, state_factory, 2, cluster, what, more, fewer, case=_ON_SMALL_BUCKETS, world_size=cluster.world_size,
+        **SMALL_BUCKETS,
+    )  # fmt: skip
+
+
+def check_topk_ef_hook(attempt, cluster=None, steps: int = 6, world_sizes=WORLD_SIZES) -> Outcome:
     """Run your hook and the reference on the same data, error feedback on and off: same bytes, same error; then
-    with error feedback on the digits CNN, which travels in three buckets after DDP's rebuild (MULTI_BUCKET).
+    with error feedback on the digits CNN, which travels in three buckets after DDP's rebuild (MULTI_BUCKET), and on
+    the MLP with one bucket per parameter (SMALL_BUCKETS), all at 2 ranks; then that last case at 3 and 4 ranks.
+
+    ``cluster``: a Cluster, or several, used for the world sizes they have; the others get ranks started for them.
 
     Wrong answers it recognises, each told by its own hint: the residual never kept ("look at the residual");
     the residual kept under bucket.index(), or one for all buckets, which DDP's rebuild after step 0 puts on other
@@ -285,39 +316,65 @@ def check_topk_ef_hook(attempt, cluster=None, steps: int = 6) -> Outcome:
     all-gather, each rank decoding its own ("the ranks disagree"); the dense bucket all-reduced ("the whole float32
     bucket"); int32 indices ("Yours sends less"); extra payload ("Yours sends more"); a wrong decode, not dividing
     by W say ("already at step 0"); k hard-coded from the MLP's one bucket, right on the MLP only ("on the digits
-    CNN in three buckets").
+    CNN in three buckets"); k = int(ratio * numel) without max(1, .), 0 on the 10-entry bucket ("Keep at least
+    one entry"); a division by 2, not by the world size ("right at 2 ranks, but at 3").
     """
+
+    def verify(fn) -> str | None:
+        def at(ranks) -> str | None:
+            if ranks.world_size == world_sizes[0]:
+                return _compare_both_switches(fn, ranks, steps)
+            return _on_small_buckets(fn, topk_ef_hook, topk_state, ranks, "top-k of gradient + residual",
+                                     _TOPK_BYTES["more"], _KEEP_ONE)  # fmt: skip
+
+        return first_problem_by_world_size(at, cluster, world_sizes)
+
     return check_function(
         "topk_ef_hook",
         attempt,
-        lambda fn: _compare_both_switches(fn, cluster, steps),
-        f"Same bytes and the same error as the reference at every one of {steps} steps, error feedback on and off; "
-        "the ranks agree.",
+        verify,
+        f"Same bytes and the same error as the reference at every one of {steps} steps, error feedback on and off, "
+        f"on one bucket, three, and one per parameter; at {_listed(world_sizes)} ranks; the ranks agree.",
     )
 
 
-def check_sign_ef_hook(attempt, cluster=None, steps: int = 6) -> Outcome:
+def _listed(world_sizes) -> str:
+    """(2, 3, 4) as "2, 3 and 4"."""
+    *most, last = map(str, world_sizes)
+    return f"{', '.join(most)} and {last}" if most else last
+
+
+def check_sign_ef_hook(attempt, cluster=None, steps: int = 6, world_sizes=WORLD_SIZES) -> Outcome:
     """Run your EF-SignSGD hook and the reference on the same data: same bytes, same error, the ranks agreeing;
-    on the MLP (one bucket), then on the digits CNN (three buckets after DDP's rebuild, MULTI_BUCKET).
+    on the MLP (one bucket), then on the digits CNN (three buckets after DDP's rebuild, MULTI_BUCKET), then on the
+    MLP with one bucket per parameter (SMALL_BUCKETS), all at 2 ranks; then that last case at 3 and 4 ranks.
+
+    ``cluster``: a Cluster, or several, used for the world sizes they have; the others get ranks started for them.
 
     Wrong answers it recognises, each told by its own hint: the mean of the scales times the mean of the signs
     ("already at step 0"); the residual never kept ("look at the residual"); the residual kept under
     bucket.index(), or one for all buckets ("DDP rebuilt its buckets"); each rank decoding its own signs ("the
     ranks disagree"); signs sent as float32 ("Yours sends more"); the scales not sent ("Yours sends less"); the
-    scale divided by the MLP's 9,610 entries, right on the MLP only ("on the digits CNN in three buckets").
+    scale divided by the MLP's 9,610 entries, right on the MLP only ("on the digits CNN in three buckets"); a
+    division by 2, not by the world size ("right at 2 ranks, but at 3").
     """
+    what = "mean|c| x sign(c)"
 
-    def verify(fn) -> str | None:
-        what = "mean|c| x sign(c)"
-        return _compare_runs(fn, sign_ef_hook, sign_state, steps, cluster, what, **_SIGN_BYTES) or _compare_runs(
-            fn, sign_ef_hook, sign_state, steps, cluster, what, **_SIGN_BYTES, case=_ON_MULTI_BUCKET, **MULTI_BUCKET
-        )
+    def at(fn, ranks) -> str | None:
+        if ranks.world_size == world_sizes[0]:
+            problem = _compare_runs(fn, sign_ef_hook, sign_state, steps, ranks, what, **_SIGN_BYTES) or _compare_runs(
+                fn, sign_ef_hook, sign_state, steps, ranks, what, **_SIGN_BYTES, case=_ON_MULTI_BUCKET, **MULTI_BUCKET
+            )
+            if problem is not None:
+                return problem
+        return _on_small_buckets(fn, sign_ef_hook, sign_state, ranks, what, **_SIGN_BYTES)
 
     return check_function(
         "sign_ef_hook",
         attempt,
-        verify,
-        f"Same bytes and the same error as the reference at every one of {steps} steps; the ranks agree.",
+        lambda fn: first_problem_by_world_size(lambda ranks: at(fn, ranks), cluster, world_sizes),
+        f"Same bytes and the same error as the reference at every one of {steps} steps, on one bucket, three, and "
+        f"one per parameter; at {_listed(world_sizes)} ranks; the ranks agree.",
     )
 
 
@@ -402,6 +459,13 @@ NOISE_SEEDS, NOISE_STEPS, NOISE_BUCKETS, NOISE_DRAWS = (0, 1), (0, 1, 2, 3, 100,
 #: a million steps, a hundred buckets. Digits packed side by side, as seed*10**9 + step*10**4 + rank*100 + bucket,
 #: run into each other there (rank 100 at step 0 is rank 0 at step 1).
 WIDE_RANKS, WIDE_STEPS, WIDE_BUCKETS = (0, 1, 100, 1000), (0, 1, 100, 10**4, 10**6), (0, 1, 10, 100)
+#: How far each argument goes in a run the check stands for: ten thousand ranks, a million steps, a thousand buckets
+#: (DDP's default 25 MiB buckets: a model of a billion float32 parameters fills about 150), seeds up to 10**4.
+REACH = {"seed": 10**4, "rank": 10**4, "step": 10**6, "bucket": 1000}
+#: The planes tried in the notebook's process: two arguments at a time, the others 0, one of the two in 0..3 and
+#: the other in 0..255 and at round numbers up to its REACH. A seed packed as a*step + bucket gives (step 1,
+#: bucket 0) and (step 0, bucket a) one number: a of 255 or less, or round, is within a plane. About 10,000 calls.
+PLANE_SMALL, PLANE_DENSE = 4, 256
 
 
 @reference("rounding_generator")
@@ -412,6 +476,13 @@ def rounding_generator(seed: int, rank: int, step: int, bucket_index: int) -> to
     manual_seed takes it modulo 2**63.
     """
     return torch.Generator().manual_seed(hash((seed, rank, step, bucket_index)) % 2**63)
+
+
+#: Said where an argument seems left out: it may be in the number, above the bits the generator keeps.
+_LOW_32 = (
+    " (if it is in your number, it sits above bit 31: torch's CPU generator seeds from the number's low 32 bits "
+    "alone, so multiply by 2**32 or more and it is gone)"
+)
 
 
 def _noise_grid(fn, seed: int, keys: list) -> dict:
@@ -497,7 +568,7 @@ def _noise_problem(first: list[dict], second: list[dict]) -> str | None:
             )
         return (
             "both ranks drew the same noise at every step: the ranks averaged identical roundings, so the average "
-            "is no less noisy than one rank's. Mix the rank into the seed."
+            f"is no less noisy than one rank's. Mix the rank into the seed{_LOW_32}."
         )
     keys = sorted(draws[0])
     if all(d[(step, bucket)] == d[(0, bucket)] for d in draws for step, bucket in keys):
@@ -511,7 +582,7 @@ def _noise_problem(first: list[dict], second: list[dict]) -> str | None:
             "every bucket would draw the same number. Mix the bucket index into the seed."
         )
     if all(a[NOISE_SEEDS[1]]["draws"] == a[seed]["draws"] for a in first):
-        return "seed 1 drew the same noise as seed 0: a run's seed must set the noise too. Mix the seed in."
+        return f"seed 1 drew the same noise as seed 0: a run's seed must set the noise too. Mix the seed in{_LOW_32}."
     seen: dict[tuple, tuple] = {}
     for rank, r in enumerate(first):
         for s in NOISE_SEEDS:
@@ -561,6 +632,64 @@ def _wide_problem(fn) -> str | None:
     return None
 
 
+def _plane_points() -> list[tuple[int, int, int, int]]:
+    """(seed, rank, step, bucket) of every plane, each once, in a fixed order."""
+    names = list(REACH)
+    points: dict[tuple[int, int, int, int], None] = {}
+    for small in range(4):
+        for large in range(4):
+            if small == large:
+                continue
+            reach = REACH[names[large]]
+            far = {m * 10**e for m in (1, 2, 5) for e in range(7)} | {2**e for e in range(21)}
+            for a in range(PLANE_SMALL):
+                for b in sorted({*range(PLANE_DENSE), *far}):
+                    if b <= reach:
+                        point = [0, 0, 0, 0]
+                        point[small], point[large] = a, b
+                        points[(point[0], point[1], point[2], point[3])] = None
+    return list(points)
+
+
+def _plane_problem(fn) -> str | None:
+    """Two (seed, rank, step, bucket) of the planes that draw the same noise, and draw it again one seed later,
+    said as a hint; or None. A match that the next seed does not repeat is chance: torch's CPU generator seeds its
+    Mersenne Twister from the low 32 bits of the number alone (MT19937RNGEngine.h, ``seed & 0xffffffff``), so among
+    ten thousand numbers two can share them; a packing that overlaps repeats at every seed.
+
+    It runs in the calling process; torch's global generator is put back as it was.
+    """
+    saved = torch.get_rng_state()
+
+    def drawn(where: tuple) -> tuple:
+        return tuple(torch.rand(NOISE_DRAWS, generator=fn(*where)).tolist())
+
+    try:
+        seen: dict[tuple, tuple] = {}
+        for where in _plane_points():
+            noise = drawn(where)
+            other = seen.setdefault(noise, where)
+            if other == where:
+                continue
+            later, other_later = ((p[0] + 1, *p[1:]) for p in (where, other))
+            if drawn(later) != drawn(other_later):
+                continue
+            differ = [n for n, a, b in zip(REACH, where, other) if a != b]
+            verb = "differs" if len(differ) == 1 else "differ"
+            return (
+                f"(seed, rank, step, bucket) = {other} and {where} drew the same noise, and so did {other_later} and "
+                f"{later}: no chance match, your seed gives both one number whatever the seed. Their "
+                f"{' and '.join(differ)} {verb}: something has less room in your number than a real run needs "
+                "(16 * step + bucket runs into the next step at bucket 16; a run reaches "
+                f"{REACH['rank']:,} ranks, {REACH['step']:,} steps and hundreds of buckets, and torch's CPU generator "
+                "keeps only the low 32 bits of a seed). Mix the four so that every bit of each reaches those 32 (a "
+                "tuple's hash does) rather than packing them side by side."
+            )
+    finally:
+        torch.set_rng_state(saved)
+    return None
+
+
 def check_rounding_generator(attempt, cluster=None) -> Outcome:
     """``rounding_generator(seed, rank, step, bucket_index)``, called on two ranks in two runs: noise independent
     per rank, new every step and bucket, the same in every run.
@@ -572,9 +701,15 @@ def check_rounding_generator(attempt, cluster=None) -> Outcome:
     no bucket index ("Mix the bucket index into the seed"); the seed left out ("seed 1 drew the same noise as
     seed 0"); numbers added up, or packed in decimal digits that collide at bucket 10 ("your seed gives both the
     same number"); digits packed wider, seed*10**9 + step*10**4 + rank*100 + bucket say, that run into each other
-    at a thousand ranks or a million steps ("outgrows its digits"); one generator kept between calls ("A resumed run
-    asks for step 10 first"); a side effect on the global generator ("changes torch's global generator"); not a
-    generator ("return a torch.Generator").
+    at a thousand ranks or a million steps ("outgrows its digits"); a step that moves the number by less than a
+    model's bucket count, hash((seed, rank, 16 * step + bucket_index)) say, or a packing whose high bits the
+    generator drops ("no chance match"); one generator kept between calls ("A resumed run asks for step 10
+    first"); a side effect on the global generator ("changes torch's global generator"); not a generator ("return
+    a torch.Generator").
+
+    Ranks: two in the cluster's processes and two in new ones; ranks 2 to 10,000 are tried in the notebook's
+    process. The function is pure and the world size is none of its arguments, so 3 and 4 ranks would repeat
+    what ranks 0 to 3 of the planes try, at a second of starting ranks each.
     """
 
     def verify(fn) -> str | None:
@@ -586,7 +721,7 @@ def check_rounding_generator(attempt, cluster=None) -> Outcome:
             return problem
         # Then a run in new interpreters, as a rerun of the script would be: other PIDs, another hash() salt.
         problem = _noise_problem(first, launch(_noise_job, fn, world_size=2, start_method="spawn"))
-        return problem if problem is not None else _wide_problem(fn)
+        return problem if problem is not None else _wide_problem(fn) or _plane_problem(fn)
 
     return check_function(
         "rounding_generator",

@@ -122,3 +122,48 @@ def test_static_graph_with_no_sync_needs_a_synced_first_step(cluster):
         hooks=("allreduce",), micro_batches=(2,), steps=2, static_graph=True, warm_sync=True, cluster=cluster
     )
     assert warm["ranks_agree"].all()
+
+
+def _merged(intervals, *, in_order=True, longest=True):
+    """Intervals merged as a learner might: sorted or as listed, ending at the later end or at the last one's."""
+    merged = []
+    for start, stop in sorted(intervals) if in_order else intervals:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], stop) if longest else stop)
+        else:
+            merged.append((start, stop))
+    return merged
+
+
+def _share(buckets, **how):
+    comm = _merged([(r, d) for r, _, d in buckets], **how)
+    end = max(r for r, _, _ in buckets)
+    computing, at = [], 0.0
+    for a, b in _merged([(r, min(t, end)) for r, t, _ in buckets if r < end], **how):
+        computing.append((at, a))
+        at = b
+    return overlap.overlap_length(comm, [*computing, (at, end)]) / overlap.total_length(comm)
+
+
+def merged_as_listed(buckets):  # issue 50: right whenever the buckets come sorted by ready
+    return _share(buckets, in_order=False)
+
+
+def ended_at_the_last_stop(buckets):  # a short bucket inside a longer one cuts the merged interval short
+    return _share(buckets, longest=False)
+
+
+@pytest.mark.parametrize(
+    "attempt, hint",
+    [
+        (merged_as_listed, "sort the intervals by their start before you merge them"),
+        (ended_at_the_last_stop, "end it at the later of the two ends, max(end, stop)"),
+    ],
+    ids=["as_listed", "last_stop"],
+)
+def test_the_hand_made_backwards_alone_catch_unsorted_and_shortened_merges(attempt, hint):
+    """Without a measured timeline: before issue 50 both passed there (every hand-made backward came sorted by ready,
+    none had a bucket inside another's time), and the unsorted one was caught only by fp16's measured order."""
+    outcome = exercise.check_hidden_share(attempt)
+    assert outcome.status == WRONG and hint in outcome.message, outcome.message
+    assert exercise.check_hidden_share(lambda buckets: _share(buckets)).status == RIGHT  # the same code, right

@@ -78,9 +78,10 @@ def test_wrong_attempts_get_the_hint_for_their_mistake(attempt, hint, cluster):
 
 
 def test_a_compile_safe_hook_passes(cluster):
-    outcome = exercise.check_compile_safe_hook(mine, cluster=cluster)
+    outcome = exercise.check_compile_safe_hook(mine, cluster=cluster, world_sizes=(2,))
     assert outcome.status == RIGHT and outcome.value is mine
-    assert exercise.check_compile_safe_hook(exercise.compile_safe_mean_hook, cluster=cluster).status == RIGHT
+    reference = exercise.compile_safe_mean_hook
+    assert exercise.check_compile_safe_hook(reference, cluster=cluster, world_sizes=(2,)).status == RIGHT
 
 
 def test_a_future_under_compiled_autograd_is_a_counted_graph_break(cluster):
@@ -140,14 +141,40 @@ def test_a_hook_that_returns_no_future_in_eager_is_told_what_ddp_needs(cluster):
     assert outcome.status == WRONG and "completed_future(tensor)" in outcome.message
 
 
-def test_at_three_ranks_the_reference_and_a_right_hook_pass_and_no_division_is_caught():
-    """From three ranks on gloo, eager DDP's flat bucket and compiled autograd's single gradients are summed in
-    another order: a check that held the compiled gradient to the reference's eager one turned its own reference
-    away ("leaves another gradient"). Three ranks, one start of ranks for the three checks."""
+def divides_by_two(state, bucket):  # issue 50: the exact mean at 2 ranks, in both forms
+    grad = bucket[0] if isinstance(bucket, tuple) else bucket.buffer()
+    dist.all_reduce(grad.div_(2), group=state)
+    if isinstance(bucket, tuple):
+        return grad
+    return completed_future(grad)
+
+
+@pytest.fixture(scope="module")
+def ranks(cluster):
+    """2 ranks (the module's), 3 and 4: one start each for the file."""
     from commhooks_lab import Cluster
 
-    with Cluster(world_size=3) as three:
-        assert exercise.check_compile_safe_hook(exercise.compile_safe_mean_hook, cluster=three).status == RIGHT
-        assert exercise.check_compile_safe_hook(mine, cluster=three).status == RIGHT
-        wrong = exercise.check_compile_safe_hook(forgets_to_divide, cluster=three)
-        assert wrong.status == WRONG and "divide the bucket" in wrong.message
+    with Cluster(world_size=3) as three, Cluster(world_size=4) as four:
+        yield [cluster, three, four]
+
+
+def test_at_three_ranks_the_reference_and_a_right_hook_pass_and_no_division_is_caught(ranks):
+    """From three ranks on gloo, eager DDP's flat bucket and compiled autograd's single gradients are summed in
+    another order: a check that held the compiled gradient to the reference's eager one turned its own reference
+    away ("leaves another gradient"). Both forms at 3 ranks (world_sizes=(3,))."""
+    three = ranks[1]
+    assert exercise.check_compile_safe_hook(exercise.compile_safe_mean_hook, three, world_sizes=(3,)).status == RIGHT
+    assert exercise.check_compile_safe_hook(mine, cluster=three, world_sizes=(3,)).status == RIGHT
+    wrong = exercise.check_compile_safe_hook(forgets_to_divide, cluster=three, world_sizes=(3,))
+    assert wrong.status == WRONG and "divide the bucket" in wrong.message
+
+
+def test_right_hooks_pass_at_two_three_and_four_ranks_and_a_division_by_two_does_not(ranks):
+    """Issue 50: divides_by_two passed the check at 2 ranks. Both forms at 2 ranks, eager DDP at 3 and 4."""
+    for right in (exercise.compile_safe_mean_hook, mine):
+        outcome = exercise.check_compile_safe_hook(right, cluster=ranks)
+        assert outcome.status == RIGHT and "in eager DDP at 3, 4 ranks too" in outcome.message, outcome.message
+    wrong = exercise.check_compile_safe_hook(divides_by_two, cluster=ranks)
+    assert wrong.status == WRONG and "right at 2 ranks, but at 3:" in wrong.message, wrong.message
+    assert "a 2 where the world size belongs" in wrong.message
+    assert "divide the bucket by the world size" in wrong.message

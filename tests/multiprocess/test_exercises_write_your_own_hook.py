@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commhooks_lab import exercises
+from commhooks_lab import Cluster, exercises
 from commhooks_lab.exercises import NOT_ATTEMPTED, RIGHT, WRONG
 from commhooks_lab.exercises import write_your_own_hook as compressing_hooks
 
@@ -164,12 +164,24 @@ def topk_k_of_the_mlp(state, bucket):  # a hard-coded k: 1% of the MLP's 9,610 e
 
 
 def gathered_topk(
-    state, bucket, corrected, keep, *, k=None, gather=True, dense=False, index_dtype=torch.int64, divide=True
+    state,
+    bucket,
+    corrected,
+    keep,
+    *,
+    k=None,
+    gather=True,
+    dense=False,
+    index_dtype=torch.int64,
+    divide=True,
+    at_least_one=True,
 ):
-    """The reference's top-k, all-gather and decode, with the residual kept by ``keep``, or with one slip."""
+    """The reference's top-k, all-gather and decode, with the residual kept by ``keep``, or with one slip
+    (``divide``: True for the world size, a number for that number)."""
     world = dist.get_world_size()
     grad = bucket.buffer()
-    values, indices = compressing_hooks.topk(corrected, k or max(1, int(state["ratio"] * grad.numel())))
+    kept = int(state["ratio"] * grad.numel())
+    values, indices = compressing_hooks.topk(corrected, k or (max(1, kept) if at_least_one else kept))
     sent = torch.zeros_like(corrected)
     sent[indices] = values
     if state.get("error_feedback", True):
@@ -189,7 +201,7 @@ def gathered_topk(
     else:  # each rank decodes its own top-k only
         grad.copy_(sent)
     if divide:
-        grad.div_(world)
+        grad.div_(world if divide is True else divide)
     future = torch.futures.Future()
     future.set_result(grad)
     return future
@@ -262,12 +274,19 @@ def test_topk_hook_wrong_answers_get_their_own_hint(attempt, hint, cluster):
 
 
 def sign_hook_variant(
-    *, gather=True, residual=True, sign_dtype=torch.int8, send_scales=True, by_bucket_index=False, mean_over=None
+    *,
+    gather=True,
+    residual=True,
+    sign_dtype=torch.int8,
+    send_scales=True,
+    by_bucket_index=False,
+    mean_over=None,
+    world=None,
 ):
     """The reference EF-SignSGD hook with one slip."""
 
     def hook(state, bucket):
-        world = dist.get_world_size()
+        ranks = world or dist.get_world_size()  # world: a number written where the world size belongs
         grad = bucket.buffer()
         if by_bucket_index:  # the first reference: wrong after DDP's rebuild
             corrected = grad + state["residuals"].get(bucket.index(), 0)
@@ -283,12 +302,13 @@ def sign_hook_variant(
         if not gather:
             grad.copy_(scale * signs)
         else:
-            gathered_signs = [torch.empty_like(signs) for _ in range(world)]
+            size = dist.get_world_size()
+            gathered_signs = [torch.empty_like(signs) for _ in range(size)]
             dist.all_gather(gathered_signs, signs)
-            scales = [torch.ones_like(scale) for _ in range(world)]
+            scales = [torch.ones_like(scale) for _ in range(size)]
             if send_scales:
                 dist.all_gather(scales, scale)
-            grad.copy_(sum(s * g for s, g in zip(scales, gathered_signs)) / world)
+            grad.copy_(sum(s * g for s, g in zip(scales, gathered_signs)) / ranks)
         future = torch.futures.Future()
         future.set_result(grad)
         return future
@@ -319,18 +339,49 @@ def test_the_topk_hook_check_runs_both_switches(cluster):
     assert wrong.status == WRONG and "with error_feedback=False" in wrong.message
 
 
-def test_topk_hook_check_on_its_three_paths(cluster):
-    assert compressing_hooks.check_topk_ef_hook(topk_hook_stub, cluster=cluster).status == NOT_ATTEMPTED
-    wrong = compressing_hooks.check_topk_ef_hook(topk_hook_without_memory, cluster=cluster)
+@pytest.fixture(scope="module")
+def ranks(cluster):
+    """2 ranks (the module's), 3 and 4: the hook checks' world sizes, one start each for the file."""
+    with Cluster(world_size=3) as three, Cluster(world_size=4) as four:
+        yield [cluster, three, four]
+
+
+def test_topk_hook_check_on_its_three_paths(ranks):
+    assert compressing_hooks.check_topk_ef_hook(topk_hook_stub, cluster=ranks).status == NOT_ATTEMPTED
+    wrong = compressing_hooks.check_topk_ef_hook(topk_hook_without_memory, cluster=ranks)
     assert wrong.status == WRONG and "residual" in wrong.message
-    right = compressing_hooks.check_topk_ef_hook(compressing_hooks.topk_ef_hook, cluster=cluster)
-    assert right.status == RIGHT
+    right = compressing_hooks.check_topk_ef_hook(compressing_hooks.topk_ef_hook, cluster=ranks)
+    assert right.status == RIGHT and "at 2, 3 and 4 ranks" in right.message, right.message
 
 
-def test_sign_hook_check_catches_a_wrong_decoder(cluster):
-    wrong = compressing_hooks.check_sign_ef_hook(sign_hook_mean_of_signs, cluster=cluster)
+def test_sign_hook_check_catches_a_wrong_decoder(ranks):
+    wrong = compressing_hooks.check_sign_ef_hook(sign_hook_mean_of_signs, cluster=ranks)
     assert wrong.status == WRONG and "step 0" in wrong.message
-    assert compressing_hooks.check_sign_ef_hook(compressing_hooks.sign_ef_hook, cluster=cluster).status == RIGHT
+    right = compressing_hooks.check_sign_ef_hook(compressing_hooks.sign_ef_hook, cluster=ranks)
+    assert right.status == RIGHT and "at 2, 3 and 4 ranks" in right.message, right.message
+
+
+@pytest.mark.parametrize(
+    "check, attempt",
+    [
+        (compressing_hooks.check_topk_ef_hook, topk_hook_variant(divide=2)),
+        (compressing_hooks.check_sign_ef_hook, sign_hook_variant(world=2)),
+    ],
+    ids=["topk", "sign"],
+)
+def test_a_hook_that_divides_by_two_is_caught_at_three_ranks(check, attempt, ranks):
+    """Issue 50: both passed when the checks ran at 2 ranks only."""
+    outcome = check(attempt, cluster=ranks, steps=3)
+    assert outcome.status == WRONG and "right at 2 ranks, but at 3:" in outcome.message, outcome.message
+    assert "a 2 where the world size belongs" in outcome.message
+
+
+def test_a_topk_hook_without_max_one_is_caught_on_a_ten_entry_bucket(cluster):
+    """Issue 50: k = int(ratio * numel) is 0 on the MLP's 10-entry bias, a bucket of its own under SMALL_BUCKETS;
+    no bucket under 100 entries was tried before."""
+    outcome = compressing_hooks.check_topk_ef_hook(topk_hook_variant(at_least_one=False), cluster=cluster, steps=3)
+    assert outcome.status == WRONG and "one bucket per parameter" in outcome.message, outcome.message
+    assert "k = max(1, int(ratio * numel))" in outcome.message
 
 
 # -- predictions of notebook 7 ------------------------------------------------------------------------
@@ -477,6 +528,49 @@ def tuple_hash_reordered(seed, rank, step, bucket_index):
     return torch.Generator().manual_seed(hash((bucket_index, step, rank, seed)) % 2**63)
 
 
+def sixteen_buckets_a_step(seed, rank, step, bucket_index):  # issue 50: step 0's bucket 16 is step 1's bucket 0
+    return torch.Generator().manual_seed(hash((seed, rank, 16 * step + bucket_index)) % 2**63)
+
+
+def a_thousand_buckets_a_step(seed, rank, step, bucket_index):
+    return torch.Generator().manual_seed(hash((seed, rank, 1000 * step + bucket_index)) % 2**63)
+
+
+def bits_past_32(seed, rank, step, bucket_index):  # rank 4 sets bit 32, which the CPU generator drops
+    return torch.Generator().manual_seed(((seed * 2**20 + step) * 2**14 + bucket_index) + rank * 2**30)
+
+
+def test_the_planes_catch_packings_that_overlap_and_pass_chance_matches():
+    """In the notebook's process, no ranks: what the planes add to the grids before them. Before issue 50 the check
+    took sixteen_buckets_a_step and a_thousand_buckets_a_step as right (no bucket beyond 12 in the ranks' grid,
+    none between 1 and 10 at the wide grid's steps)."""
+    for packed, pair in [
+        (sixteen_buckets_a_step, "(0, 0, 1, 0) and (0, 0, 0, 16)"),
+        (a_thousand_buckets_a_step, "(0, 0, 1, 0) and (0, 0, 0, 1000)"),
+        (bits_past_32, "and (0, 4, 0, 0) drew the same noise"),
+    ]:
+        said = compressing_hooks._plane_problem(packed)
+        assert said is not None and pair in said and "no chance match" in said, (packed.__name__, said)
+    assert compressing_hooks._wide_problem(sixteen_buckets_a_step) is None  # the grids before did not see it
+
+    def chance(seed, rank, step, bucket_index):  # two points share a number, the next seed's do not
+        if (seed, rank, step, bucket_index) in ((0, 0, 0, 5), (0, 0, 7, 0)):
+            return torch.Generator().manual_seed(12345)
+        return compressing_hooks.rounding_generator(seed, rank, step, bucket_index)
+
+    assert compressing_hooks._plane_problem(chance) is None
+    for right in (compressing_hooks.rounding_generator, seed_sequence, tuple_hash_reordered):
+        assert compressing_hooks._plane_problem(right) is None, right.__name__
+
+
+def seed_above_bit_31(seed, rank, step, bucket_index):  # the seed is in the number, where manual_seed drops it
+    return torch.Generator().manual_seed(seed * 2**32 + hash((rank, step, bucket_index)) % 2**32)
+
+
+def rank_above_bit_31(seed, rank, step, bucket_index):
+    return torch.Generator().manual_seed(rank * 2**40 + hash((seed, step, bucket_index)) % 2**32)
+
+
 def test_rounding_generator_not_attempted_hands_on_the_reference(cluster, capsys):
     outcome = compressing_hooks.check_rounding_generator(generator_stub, cluster=cluster)
     assert outcome.status == NOT_ATTEMPTED and outcome.value is compressing_hooks.rounding_generator
@@ -502,6 +596,9 @@ def test_rounding_generator_not_attempted_hands_on_the_reference(cluster, capsys
         (also_seeds_the_global_one, "changes torch's global generator"),
         (returns_the_seed, "return a torch.Generator"),
         (salted_str_hash, "hash() of a str or bytes, which Python salts anew in every process"),
+        (sixteen_buckets_a_step, "(0, 0, 1, 0) and (0, 0, 0, 16) drew the same noise"),
+        (seed_above_bit_31, "Mix the seed in (if it is in your number, it sits above bit 31"),
+        (rank_above_bit_31, "Mix the rank into the seed (if it is in your number, it sits above bit 31"),
     ],
     ids=lambda x: x.__name__ if callable(x) else "",
 )
@@ -543,3 +640,27 @@ def test_a_rounding_generator_that_raises_is_told_what_it_raised(cluster):
 
     outcome = compressing_hooks.check_rounding_generator(raises, cluster=cluster)
     assert outcome.status == WRONG and "your code raised ZeroDivisionError" in outcome.message
+
+
+def test_the_world_size_loop_says_where_a_problem_showed():
+    """checking.first_problem_by_world_size on stand-in Clusters (only their world_size is read): no ranks start."""
+    from types import SimpleNamespace
+
+    from commhooks_lab.exercises.checking import first_problem_by_world_size
+
+    given = [SimpleNamespace(world_size=w) for w in (2, 3, 4)]
+    seen = []
+
+    def wrong_from(first_wrong):
+        def problem_at(ranks):
+            seen.append(ranks.world_size)
+            return "not the mean." if ranks.world_size >= first_wrong else None
+
+        return problem_at
+
+    assert first_problem_by_world_size(wrong_from(5), given) is None and seen == [2, 3, 4]
+    assert first_problem_by_world_size(wrong_from(2), given) == "not the mean."  # as the 2-rank checks said it
+    said = first_problem_by_world_size(wrong_from(3), given)
+    assert said.startswith("right at 2 ranks, but at 3: not the mean.") and "a 2 where the world size" in said
+    assert first_problem_by_world_size(wrong_from(4), given) == "at 4 ranks: not the mean."
+    assert first_problem_by_world_size(wrong_from(3), given[1:], world_sizes=(3, 4)) == "not the mean."
