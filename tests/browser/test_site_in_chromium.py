@@ -125,7 +125,7 @@ def test_the_glossary_anchors_every_lesson_links_to_resolve(pages):
     assert wanted - pages["notebooks/GLOSSARY.html"]["ids"] == set()
 
 
-def test_no_code_cell_shows_test_plumbing(pages):
+def test_the_site_shows_no_nbval_plumbing_in_a_code_cell(pages):
     """nbval's markers live in cell tags, which myst-nb turns into classes (``tag_nbval-ignore-output``), never text;
     a reader sees only the lesson's code."""
     shown = [
