@@ -85,6 +85,8 @@ def pages(site):
                 "links": page.eval_on_selector_all("article a[href]", "els => els.map(e => e.getAttribute('href'))"),
                 "ids": set(page.eval_on_selector_all("[id]", "els => els.map(e => e.id)")),
                 "text": page.inner_text("article"),
+                "code": page.eval_on_selector_all("article div.cell_input", "els => els.map(e => e.innerText)"),
+                "classes": page.eval_on_selector_all("article div.cell", "els => els.map(e => e.className)"),
             }
     return seen
 
@@ -121,6 +123,22 @@ def test_the_glossary_anchors_every_lesson_links_to_resolve(pages):
     linked = {a for f in sources for a in re.findall(r"GLOSSARY\.md#([\w-]+)", f.read_text())}
     assert wanted == linked and len(linked) > 20  # every anchor the lessons link to, as links on the site
     assert wanted - pages["notebooks/GLOSSARY.html"]["ids"] == set()
+
+
+def test_the_site_shows_no_nbval_plumbing_in_a_code_cell(pages):
+    """nbval's markers live in cell tags, which myst-nb turns into classes (``tag_nbval-ignore-output``), never text;
+    a reader sees only the lesson's code."""
+    shown = [
+        f"{name}: {code[:60]!r}"
+        for name, page in pages.items()
+        for code in page["code"]
+        if re.search(r"NBVAL_|nbval|# Why:", code)
+    ]
+    assert shown == []
+    cells = sum(len(page["code"]) for page in pages.values())
+    assert cells >= len(NOTEBOOKS) * 5, "code cells found on the lessons' pages"
+    tagged = [c for page in pages.values() for c in page["classes"] if "tag_nbval-ignore-output" in c]
+    assert tagged, "the tagged cells are on the pages, with their output"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)

@@ -172,6 +172,24 @@ def test_a_cell_states_its_own_tolerance_over_the_notebooks():
         testing.tolerance_of({"commhooks_lab": {"tolerance": {"rtool": 1}}})
 
 
+def test_the_cells_left_uncompared_are_those_strict_nbval_leaves():
+    """The tolerant comparison and the course's own tests skip exactly the cells nbval skips: tagged (the course's
+    way, since a reader sees no tag) or marked by a comment line, which nbval lets win over a tag; a marker's name
+    in a string or in prose is no marker."""
+    from commhooks_lab.testing.notebooks import not_compared
+
+    def cell(source: str, *tags: str) -> dict:
+        return {"cell_type": "code", "source": source, "metadata": {"tags": list(tags)} if tags else {}}
+
+    assert not_compared(cell("x = 1", "nbval-ignore-output"))
+    assert not_compared(cell("x = 1", "nbval-skip"))
+    assert not_compared(cell("#  NBVAL_IGNORE_OUTPUT\nx = 1"))
+    assert not not_compared(cell("x = 1"))
+    assert not not_compared(cell("x = 1", "hide-input"))
+    assert not not_compared(cell("# NBVAL_CHECK_OUTPUT\nx = 1", "nbval-ignore-output")), "nbval: the comment wins"
+    assert not not_compared(cell('print("NBVAL_IGNORE_OUTPUT")\n# see NBVAL_IGNORE_OUTPUT above'))
+
+
 def _first_output_text() -> list[str]:
     nb = json.loads(TEMPLATE.read_text())
     return next(c for c in nb["cells"] if c["cell_type"] == "code" and c["outputs"])["outputs"][0]["text"]
