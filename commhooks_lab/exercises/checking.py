@@ -187,7 +187,7 @@ def first_problem_by_world_size(
     several, or None) or else on a Cluster started for it and stopped after (one start per size); the first problem,
     said with the size it showed at. Right at 2 ranks and wrong at more gets the hint for "2" in place of the world
     size (or rank 1 as "the other")."""
-    from ..launcher import Cluster
+    from ..launcher import Ranks, RankSpec
 
     given = {c.world_size: c for c in (cluster if isinstance(cluster, list | tuple) else [cluster]) if c is not None}
     right_at: list[int] = []
@@ -195,8 +195,8 @@ def first_problem_by_world_size(
         if world in given:
             problem = problem_at(given[world])
         else:
-            with Cluster(world_size=world) as ranks:
-                problem = problem_at(ranks)
+            with Ranks(fresh=True) as fresh:  # started for this size, stopped before the next
+                problem = problem_at(fresh(RankSpec(world)))
         if problem is None:
             right_at.append(world)
         elif right_at == [2]:

@@ -664,3 +664,19 @@ def test_the_world_size_loop_says_where_a_problem_showed():
     assert said.startswith("right at 2 ranks, but at 3: not the mean.") and "a 2 where the world size" in said
     assert first_problem_by_world_size(wrong_from(4), given) == "at 4 ranks: not the mean."
     assert first_problem_by_world_size(wrong_from(3), given[1:], world_sizes=(3, 4)) == "not the mean."
+
+
+def test_a_world_size_not_given_gets_ranks_started_for_it_and_stopped():
+    """Only a 2-rank cluster given: the 3-rank try runs on fresh ranks (through the launcher's Ranks), gone after."""
+    from types import SimpleNamespace
+
+    from commhooks_lab.exercises.checking import first_problem_by_world_size
+
+    seen = []
+
+    def problem_at(ranks):
+        seen.append((ranks.world_size, ranks.run(lambda ctx: ctx.world_size)))
+        return None
+
+    assert first_problem_by_world_size(problem_at, SimpleNamespace(world_size=2, run=lambda f: [2, 2]), (2, 3)) is None
+    assert seen == [(2, [2, 2]), (3, [3, 3, 3])]  # no_leftover_processes: the fresh ranks are stopped
