@@ -70,16 +70,6 @@ def _rank_spread(h: torch.Tensor) -> float:
     return float(spread)
 
 
-def _node_split(counter, by_op: dict, comm: str | None, world: int, nodes: int) -> tuple[float, float]:
-    """Ring bytes on groups inside a node and on groups across nodes: the counter's own split where it keeps one
-    (by each call's group), else :func:`~commhooks_lab.engine.fsdp2_comm_spec.split_by_node` from the ops."""
-    from .fsdp2_comm_spec import split_by_node
-
-    if hasattr(counter, "inter_bytes"):
-        return float(counter.intra_bytes), float(counter.inter_bytes)
-    return split_by_node(by_op, comm, world, nodes)
-
-
 def _add_drift(drift, h: torch.Tensor, exact: torch.Tensor):
     """The running sums of ``h - exact`` and of ``exact`` (what error feedback keeps close)."""
     if drift is None:
@@ -169,7 +159,7 @@ def fsdp2_job(ctx, config, choice) -> dict:
             "cumulative_rel_error": float(drift[0].norm() / drift[1].norm()),
             **{f"{op}_bytes": n for op, n in counted[0].items()},
         }
-        row["intra_bytes"], row["inter_bytes"] = _node_split(counter, counted[0], comm, ctx.world_size, nodes)
+        row["intra_bytes"], row["inter_bytes"] = float(counter.intra_bytes), float(counter.inter_bytes)  # by group
         steps.append(row)
         sizes = [p.numel() for p in local.parameters()]
         for name, size, hp, ep in zip(names, sizes, h.split(sizes), exact.split(sizes)):

@@ -82,16 +82,22 @@ def keep(study: str, arguments: Mapping[str, Any], data: Any) -> None:
     path.write_text(json.dumps(kept, indent=1))
 
 
+#: What a replay asked for by :data:`REPLAY_VARIABLE` says of itself.
+_ASKED = f"{REPLAY_VARIABLE}=1 asks for the recorded runs"
+
+
+def _replay_asked() -> bool:
+    return os.environ.get(REPLAY_VARIABLE) == "1"
+
+
 def why_replayed() -> str | None:
     """Why a study replays its recording instead of building links (None: it builds them)."""
-    if os.environ.get(REPLAY_VARIABLE) == "1":
-        return f"{REPLAY_VARIABLE}=1 asks for the recorded runs"
-    return netns_switch.why_unavailable()
+    return _ASKED if _replay_asked() else netns_switch.why_unavailable()
 
 
 def _not_built(asked: str) -> str:
-    if os.environ.get(REPLAY_VARIABLE) == "1":
-        return f"{asked} is not built here: {REPLAY_VARIABLE}=1 asks for the recorded runs"
+    if _replay_asked():
+        return f"{asked} is not built here: {_ASKED}"
     return f"{asked} cannot be built here: {netns_switch.facts()['refused']}"
 
 
