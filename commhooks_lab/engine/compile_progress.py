@@ -1,7 +1,7 @@
 """Compiling counts as progress: while Dynamo compiles, a rank tells the notebook it is alive.
 
 ``timeout_s`` bounds a rank's silence (30 s by default). Compiling a step sends no heartbeat, and on a busy
-machine compiling the first step of notebook 10's ``compiled_autograd`` run took more than 30 s: the run ended
+machine compiling the first step of notebook 11's ``compiled_autograd`` run took more than 30 s: the run ended
 in a ``WorkerTimeoutError`` although nothing hung. Dynamo calls its compile-start and compile-end callbacks
 (``torch._dynamo.callback_handler``) around every compilation; between the two a thread sends this rank's
 sign of life (``ctx.alive()``: it claims no step, so no rank is reported behind) every :data:`BEAT_S` seconds.

@@ -1,4 +1,4 @@
-"""Notebook 11's exercise: write DiLoCo's outer step. The check runs it on fixed pseudo-gradients of three ranks
+"""Notebook 12's exercise: write DiLoCo's outer step. The check runs it on fixed pseudo-gradients of three ranks
 for three outer steps and tells apart the usual slips: averaging the parameters (local SGD's step, not DiLoCo's),
 the pseudo-gradient's sign, plain momentum instead of Nesterov's, no momentum at all, and the paper's lr and
 momentum hard-coded (it runs with two settings)."""

@@ -1,4 +1,4 @@
-"""Notebook 12's exercise: how much of one backward's communication did autograd's compute hide?
+"""Notebook 13's exercise: how much of one backward's communication did autograd's compute hide?
 
 The check runs the learner's function on hand-made backwards whose answers tell the usual slips
 apart (counting two buckets' simultaneous communication twice, counting time inside a blocking

@@ -1,4 +1,4 @@
-"""Notebook 10's exercises: make a bucket-only hook compile-safe (checked eagerly and under compiled
+"""Notebook 11's exercises: make a bucket-only hook compile-safe (checked eagerly and under compiled
 autograd on two real ranks, against the exact mean, and for graph breaks in the compiled backward; then eagerly
 at 3 and 4 ranks), and predict what a resume without hook state sends."""
 

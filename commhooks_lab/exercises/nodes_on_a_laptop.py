@@ -1,4 +1,4 @@
-"""Notebook 13's exercise: a hook that overlaps, two all-reduces per bucket started in the same order on every rank.
+"""Notebook 14's exercise: a hook that overlaps, two all-reduces per bucket started in the same order on every rank.
 
 No ``from __future__ import annotations`` here: DDP compares a hook's return annotation with
 ``torch.futures.Future[torch.Tensor]`` itself, and a string annotation would fail that check.

@@ -1,4 +1,4 @@
-"""Notebook 9's exercises: predict how 16-bit reduction error grows with the number of ranks, and
+"""Notebook 10's exercises: predict how 16-bit reduction error grows with the number of ranks, and
 write the 16-bit-wire / float32-sum hook (checked against the reference on 4 real ranks, where a
 plain bf16 all-reduce rounds differently and cannot pass)."""
 
@@ -74,7 +74,7 @@ def _sum_in_16_bits(rows, world: int, dtype):
 
 
 def scaffold(fill, total=_float32_sum, gather: bool = True):
-    """Notebook 9's exercise cell as a hook, with the learner's steps as functions: ``fill(buffer, W)`` is what
+    """Notebook 10's exercise cell as a hook, with the learner's steps as functions: ``fill(buffer, W)`` is what
     goes on the wire (cast to ``state.dtype`` as it is stored), ``total(rows, W, dtype)`` this rank's summed
     piece; ``gather=False`` keeps only this rank's own piece (a slip). The checker's slips and the tests' wrong
     answers are built from it, so that each is the scaffold with one step changed."""

@@ -1,7 +1,7 @@
 """The lab's 16-bit ring hooks (:mod:`.low_precision`) as registry records: ``ring16`` and ``wire16_sum32``.
 
 No byte rule: their sends are point-to-point ring hops, not one collective, so the network model's
-all-reduce terms do not describe them (notebook 9 uses them for rounding, not bytes).
+all-reduce terms do not describe them (notebook 10 uses them for rounding, not bytes).
 """
 
 from __future__ import annotations

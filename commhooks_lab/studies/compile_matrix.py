@@ -179,7 +179,7 @@ def compile_compatibility(
     count_breaks: bool = True,
 ):
     """The matrix as a table (one row per hook and mode, hook by hook), each hook computed once per process for the
-    same modes, backend and world size: a later table runs only the hooks it has not seen (notebook 10's exercise
+    same modes, backend and world size: a later table runs only the hooks it has not seen (notebook 11's exercise
     checks each attempt beside the same reference).
 
     ``hooks``: names (``"topk[ratio=0.05]"``), dicts such as ``{"hook": "allreduce", "wrapper": "fp16"}``,

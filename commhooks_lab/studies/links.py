@@ -15,7 +15,7 @@ them they return the run recorded on one that could, and say so (:mod:`.recorded
 :func:`predict` feeds the first two into :mod:`commhooks_lab.studies.network`'s alpha-beta model and puts its
 step time beside the measured one; :func:`crossings` finds where each hook's measured time crosses the
 baseline's, against the model's break-even bandwidth; :func:`time_to_accuracy` reads runs behind a link
-against the clock (notebook 11).
+against the clock (notebook 12).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Notebook 11's study: methods that communicate every H steps, beside the per-step hooks, and the DiLoCo outer
+"""Notebook 12's study: methods that communicate every H steps, beside the per-step hooks, and the DiLoCo outer
 step against torchft's (the PyTorch org's fault-tolerance library, ``torchft/local_sgd.py``).
 
 The methods themselves are registry families (:mod:`commhooks_lab.hooks.local_sgd`); this module holds the

@@ -13,7 +13,7 @@ Future completed (``done``); and when backward returned (``end``). DDP's own C++
 (``hook="no"``) cannot be wrapped from Python: ``allreduce_hook`` issues the same asynchronous
 all-reduce from Python and stands in for it. It also times hook functions you pass (``{label: hook}``), behind a
 slow ``link=``; :func:`overlap_spread` gives, per hook, ``hidden_share`` with its spread over ranks and repeats
-(notebook 13 sets its overlapping hook against the same collectives waited for inside the hook).
+(notebook 14 sets its overlapping hook against the same collectives waited for inside the hook).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def bucket_timeline(
 
 def merged_intervals(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """``intervals`` sorted, those that touch or overlap merged into one: time counted once however many buckets
-    share it (notebook 12's exercise builds its slips' answers from these four helpers)."""
+    share it (notebook 13's exercise builds its slips' answers from these four helpers)."""
     merged: list[tuple[float, float]] = []
     for start, stop in sorted(intervals):
         if merged and start <= merged[-1][1]:

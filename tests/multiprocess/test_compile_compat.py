@@ -35,7 +35,7 @@ def both_forms_hook(state, bucket):
 @pytest.fixture(scope="module")
 def matrix(cluster):
     """On the module's two warm ranks, which the other tests here share: a start of ranks costs seconds. No test here
-    reads graph breaks (notebook 10's check does, tested beside it), so the hooks share Dynamo's caches: 10 instead of
+    reads graph breaks (notebook 11's check does, tested beside it), so the hooks share Dynamo's caches: 10 instead of
     25 CPU-seconds a rank, with the same runs, errors and gradients as from a reset per case."""
     lineup = default_lineup() + [bucket_only_hook, both_forms_hook]
     table = compile_compatibility(lineup, cluster=cluster, count_breaks=False)
@@ -56,7 +56,7 @@ def test_compiled_autograd_hands_hooks_a_tuple(matrix):
     assert fp16["runs"] and fp16["bit_identical_to_eager"], f"torch {VERSION}: {fp16['error']}"
     for hook in ("allreduce", "power_sgd r1", "noop", "bucket_only_hook"):
         row = matrix.loc[(hook, "compiled_autograd")]
-        assert not row["runs"], f"torch {VERSION}: {hook} now runs under compiled autograd; update notebook 10's claim"
+        assert not row["runs"], f"torch {VERSION}: {hook} now runs under compiled autograd; update notebook 11's claim"
         assert "'tuple' object has no attribute 'buffer'" in row["error"], f"torch {VERSION}: {row['error']}"
     wrapped = matrix.loc[("fp16_wrapper(allreduce)", "compiled_autograd")]
     assert "'tuple' object has no attribute 'set_buffer'" in wrapped["error"], f"torch {VERSION}: {wrapped['error']}"
@@ -102,7 +102,7 @@ def test_the_matrix_is_cached_per_process(cluster):
 
 
 def test_graph_breaks_counts_a_future_made_in_compiled_code():
-    """Notebook 10's exercise rejects a hook that builds a Future under compiled autograd by this count."""
+    """Notebook 11's exercise rejects a hook that builds a Future under compiled autograd by this count."""
     import warnings
 
     import torch._dynamo

@@ -160,5 +160,5 @@ def test_links_say_which_sections_replay_recordings_where_namespaces_are_refused
     monkeypatch.setattr(netns_switch, "facts", lambda: refused)
     result = doctor.check_links()
     assert result.status == doctor.INFO and "user namespaces are refused here" in result.seen
-    assert "notebook 8" in result.seen and "notebook 11" in result.seen, result.seen
+    assert "notebook 8" in result.seen and "notebook 12" in result.seen, result.seen
     assert result.advice.startswith("ask the owner") and "Docker" in result.advice, result.advice

@@ -1,4 +1,4 @@
-"""Notebook 12's measurements: overlap bucket by bucket, gradient accumulation with no_sync(), and its exercise."""
+"""Notebook 13's measurements: overlap bucket by bucket, gradient accumulation with no_sync(), and its exercise."""
 
 import pytest
 

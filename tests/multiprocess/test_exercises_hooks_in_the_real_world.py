@@ -1,4 +1,4 @@
-"""Notebook 10's exercise checks: not attempted, wrong (with the hint that fits the mistake), right."""
+"""Notebook 11's exercise checks: not attempted, wrong (with the hint that fits the mistake), right."""
 
 from types import SimpleNamespace
 

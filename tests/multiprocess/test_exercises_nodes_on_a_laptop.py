@@ -1,4 +1,4 @@
-"""Notebook 13's overlapping-hook exercise on its paths (not attempted, each wrong kind with its hint, right) at 2, 3
+"""Notebook 14's overlapping-hook exercise on its paths (not attempted, each wrong kind with its hint, right) at 2, 3
 and 4 ranks, and the overlap it buys measured behind a slow link. One start each of 2, 3 and 4 ranks for the file."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Notebook 9's checks on their three paths, with plausible wrong hooks run on 4 real ranks."""
+"""Notebook 10's checks on their three paths, with plausible wrong hooks run on 4 real ranks."""
 
 import pytest
 import torch

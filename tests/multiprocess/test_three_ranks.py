@@ -35,7 +35,7 @@ def test_powersgd_sends_its_analytic_bytes(three):
 
 
 def test_local_sgd_sends_one_h_th_of_ddps_bytes_and_diloco_at_h_1_is_ddp(three):
-    """Notebook 11: exactly 1/H of the bytes; DiLoCo with H = 1, plain SGD and a plain outer step is DDP."""
+    """Notebook 12: exactly 1/H of the bytes; DiLoCo with H = 1, plain SGD and a plain outer step is DDP."""
     ddp, local = lab.compare(["allreduce", "local_sgd[sync_every=4]"], steps=8, world_size=W, cluster=three)
     assert local.steps["payload_bytes"].sum() * 4 == ddp.steps["payload_bytes"].sum()
     common = dict(steps=4, optimizer="sgd", measure=False, world_size=W, cluster=three)
@@ -55,7 +55,7 @@ def test_accelerate_registers_the_hook_plain_pytorch_would(three):
 
 
 def test_the_ring_on_three_real_ranks_is_notebook_9s_replay(three):
-    """Notebook 9: real ranks round as the replay does, in float16 too, so the replay's bound checks are theirs."""
+    """Notebook 10: real ranks round as the replay does, in float16 too, so the replay's bound checks are theirs."""
     grads = precision.local_gradients("mlp", W)
     exact = grads.double().mean(dim=0)
     dtypes = (torch.bfloat16, torch.float16)
@@ -69,7 +69,7 @@ def test_the_ring_on_three_real_ranks_is_notebook_9s_replay(three):
 
 @pytest.mark.parametrize("world", [W, 4])
 def test_the_rings_error_is_within_its_bound_where_the_bounds_condition_holds(world):
-    """Notebook 9: |h - mean| <= gamma_(W+1) sum|g_r|/W per element while no rounded value is subnormal; float16
+    """Notebook 10: |h - mean| <= gamma_(W+1) sum|g_r|/W per element while no rounded value is subnormal; float16
     breaks the condition on these gradients (and the plain bound on some elements), the underflow term repairs it."""
     grads = precision.local_gradients("mlp", world)
     bf16, fp16 = (precision.ring_bound_check(grads, d) for d in (torch.bfloat16, torch.float16))
@@ -85,7 +85,7 @@ def test_the_rings_error_is_within_its_bound_where_the_bounds_condition_holds(wo
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_the_fix_sends_the_hooks_16bit_values_only_when_w_is_a_power_of_two(world):
-    """Notebook 9: fl(g/W) (the fix: divide in float32, then cast) is fl(fl(g)/W) (the hook: cast, then divide)
+    """Notebook 10: fl(g/W) (the fix: divide in float32, then cast) is fl(fl(g)/W) (the hook: cast, then divide)
     when W is a power of two and the quotient is normal; at W = 3 dividing rounds twice and some values differ."""
     grads = precision.local_gradients("mlp", world)
     for dtype in (torch.bfloat16, torch.float16):
@@ -112,7 +112,7 @@ def _flat_against_per_parameter(ctx):
 
 
 def test_compiled_autograds_per_parameter_all_reduce_matches_one_bucket_only_at_two_ranks(three, cluster):
-    """Notebook 10: one all-reduce per gradient sums as one flat bucket does at W = 2 (a + b = b + a); at W = 3
+    """Notebook 11: one all-reduce per gradient sums as one flat bucket does at W = 2 (a + b = b + a); at W = 3
     gloo's order of summation depends on an element's place in the tensor, so some elements differ in the last bit."""
     assert cluster.run(_flat_against_per_parameter) == [0, 0]
     differ = three.run(_flat_against_per_parameter)

@@ -91,7 +91,7 @@ def test_the_wheel_installs_the_course_and_copies_it_out(fresh_env, tmp_path):
     assert f"{len(course_files(ROOT))} written" in copied.stdout
     recorded = sorted(p.name for p in (purelib / "commhooks_lab" / "studies" / "recorded").glob("*.json"))
     assert recorded == sorted(p.name for p in (ROOT / "commhooks_lab" / "studies" / "recorded").glob("*.json")), (
-        "where links cannot be built, notebooks 8 and 11 replay these recordings: the wheel must carry them"
+        "where links cannot be built, notebooks 8 and 12 replay these recordings: the wheel must carry them"
     )
 
 

@@ -32,15 +32,15 @@ ALL_NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").gl
 #: ``scripts/measure_spread.py`` measures, and the tolerances come from that.
 HALF_VARIABLE = "COMMHOOKS_LAB_OTHER_MACHINES_HALF"
 #: Each notebook's strict nbval run in seconds under ``pytest -n 2`` (``--junitxml``, 2026-12-03), only to balance
-#: the work: the halves were every other notebook, and one held notebooks 4, 6, 8, 10 and 12, twice the other's
-#: seconds (146 s against 73 s), so the suite took about a minute longer every other day. Notebook 10 measured again
+#: the work: the halves were every other notebook, and one held notebooks 4, 6, 8, 11 and 13, twice the other's
+#: seconds (146 s against 73 s), so the suite took about a minute longer every other day. Notebook 11 measured again
 #: 2026-12-07 (--durations), after its compile matrix came to share Dynamo's caches within a mode: 40 -> 30 s.
-#: Notebook 13: 30 s under -n0 (2026-12-07, twice).
+#: Notebook 14: 30 s under -n0 (2026-12-07, twice).
 SECONDS = {
     "01_quickstart": 8, "02_anatomy_of_a_hook": 7, "03_fp16_vs_bf16": 6, "04_powersgd": 28, "05_accelerate": 8,
-    "06_dashboard": 15, "07_write_your_own_hook": 7, "08_when_compression_pays_off": 53, "09_precision_at_scale": 11,
-    "10_hooks_in_the_real_world": 30, "11_communicate_less_often": 28, "12_from_lab_to_production": 14,
-    "13_nodes_on_a_laptop": 30, "template_your_lab": 4,
+    "06_dashboard": 15, "07_write_your_own_hook": 7, "08_when_compression_pays_off": 53, "10_precision_at_scale": 11,
+    "11_hooks_in_the_real_world": 30, "12_communicate_less_often": 28, "13_from_lab_to_production": 14,
+    "14_nodes_on_a_laptop": 30, "template_your_lab": 4,
 }  # fmt: skip
 
 
@@ -82,7 +82,7 @@ def test_the_notebooks_pass_the_tolerant_check_on_two_other_kernel_paths():
             [sys.executable, "-m", "pytest", *share[path], "-q", "--lab-tolerant"],
             cwd=ROOT,
             # the studies behind links replay their recordings: two notebooks at once beside the suite's other
-            # worker made notebook 13's timing checks measure the load (CI, 2026-12-07); kernel paths change numbers,
+            # worker made notebook 14's timing checks measure the load (CI, 2026-12-07); kernel paths change numbers,
             # not the links, and strict nbval runs those sections live
             env={**machines.environment(path), recorded.REPLAY_VARIABLE: "1"},
             stdout=subprocess.PIPE,

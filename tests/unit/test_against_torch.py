@@ -8,7 +8,7 @@ from conftest import load_script
 REPORT = """<testsuites><testsuite>
 <testcase classname="notebooks.03_fp16_vs_bf16.ipynb" name="Cell 13"/>
 <testcase classname="notebooks.03_fp16_vs_bf16.ipynb" name="Cell 14"><failure message="x"/></testcase>
-<testcase classname="notebooks.12_from_lab_to_production.ipynb" name="Cell 9"/>
+<testcase classname="notebooks.13_from_lab_to_production.ipynb" name="Cell 9"/>
 <testcase classname="tests.test_engine" name="test_a"><error message="y"/></testcase>
 <testcase classname="tests.test_engine" name="test_b"><skipped/></testcase>
 </testsuite></testsuites>"""
@@ -35,5 +35,5 @@ def test_failed_tests_and_notebook_cells_are_named_from_the_junit_report(monkeyp
     notebooks = script.notebooks_part("python", 1)
     (nb03,) = [line for line in notebooks if "03_fp16_vs_bf16" in line]
     assert "FAILS" in nb03 and "1 cells passed, 1 failed (cells 14)" in nb03
-    (nb12,) = [line for line in notebooks if "12_from_lab" in line]
-    assert "passes" in nb12 and "1 cells passed, 0 failed" in nb12
+    (nb13,) = [line for line in notebooks if "13_from_lab" in line]
+    assert "passes" in nb13 and "1 cells passed, 0 failed" in nb13

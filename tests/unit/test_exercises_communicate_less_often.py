@@ -1,4 +1,4 @@
-"""Notebook 11's exercise: DiLoCo's outer step, its reference against torch's own Nesterov SGD, and the check on
+"""Notebook 12's exercise: DiLoCo's outer step, its reference against torch's own Nesterov SGD, and the check on
 its three paths: not attempted, wrong (plausible slips), right."""
 
 import torch

@@ -69,6 +69,6 @@ def test_the_finder_sees_a_private_import_in_every_form(tmp_path, monkeypatch):
 
 
 def test_no_module_imports_another_modules_private_name():
-    """The exercise modules share exercises/checking.py's public names; notebook 12's exercise builds its hints
+    """The exercise modules share exercises/checking.py's public names; notebook 13's exercise builds its hints
     from studies/overlap.py's public interval helpers."""
     assert private_imports() - ELSEWHERE == set()
