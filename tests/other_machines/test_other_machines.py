@@ -3,8 +3,8 @@
 Strict nbval (the README's test command) holds on any x86-64 CPU because portable numerics pin the kernels. A
 machine that runs native numerics (``COMMHOOKS_LAB_NUMERICS=native``) takes its CPU's own kernels and gets other
 last bits; what it can still check is the tolerant comparison: numbers within the tolerances each notebook states
-(measured with ``scripts/measure_spread.py``), text and integers exactly. The test executes half of the notebooks,
-the other half the next day (``notebooks_to_check``: halves of about equal seconds), as such a machine would
+(measured with ``scripts/measure_spread.py``), text and integers exactly. The test executes a third of the notebooks
+each day (``notebooks_to_check``: thirds of about equal seconds, in turn), as such a machine would
 (``commhooks_lab.testing.machines``: AVX2 kernels, or a pre-AVX2 CPU's), both paths at once (a notebook keeps two
 cores about 40% busy), each with about half of the seconds, and runs that check on each.
 """
@@ -26,11 +26,13 @@ pytestmark = [pytest.mark.usefixtures("no_leftover_processes"), pytest.mark.heav
 
 
 ALL_NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").glob("*.ipynb"))
-#: Which half of the notebooks a run checks: ``0`` or ``1``, or ``all``. Unset, the half changes every day, so that
-#: CI, which has 20 minutes for everything, checks every notebook on another kernel path every two days (re-running
-#: the whole course a second time took 184-282 s of a 630-815 s suite). Every notebook on every path is what
-#: ``scripts/measure_spread.py`` measures, and the tolerances come from that.
-HALF_VARIABLE = "COMMHOOKS_LAB_OTHER_MACHINES_HALF"
+#: Which third of the notebooks a run checks: ``0``, ``1`` or ``2``, or ``all``. Unset, the third changes every day,
+#: so that CI, which has 20 minutes for everything and README command 2's 8, checks every notebook on another kernel
+#: path every three days (re-running the whole course a second time took 184-282 s of a 630-815 s suite; half of it,
+#: 68 s of a 527 s suite). Every notebook on every path is what ``scripts/measure_spread.py`` measures, and the
+#: tolerances come from that.
+PART_VARIABLE = "COMMHOOKS_LAB_OTHER_MACHINES_PART"
+PARTS = 3
 #: Each notebook's strict nbval run in seconds under ``pytest -n 2`` (``--junitxml``, 2026-12-03), only to balance
 #: the work: the halves were every other notebook, and one held notebooks 4, 6, 8, 11 and 13, twice the other's
 #: seconds (146 s against 73 s), so the suite took about a minute longer every other day. Notebook 11 measured again
@@ -54,22 +56,23 @@ def groups(notebooks: list[str], n: int) -> list[list[str]]:
 
 
 def notebooks_to_check() -> list[str]:
-    half = os.environ.get(HALF_VARIABLE, str(datetime.date.today().toordinal() % 2))
-    if half == "all":
+    part = os.environ.get(PART_VARIABLE, str(datetime.date.today().toordinal() % PARTS))
+    if part == "all":
         return ALL_NOTEBOOKS
-    if half not in ("0", "1"):
-        raise ValueError(f"{HALF_VARIABLE}={half!r}: use 0, 1 or all")
-    return groups(ALL_NOTEBOOKS, 2)[int(half)]
+    if part not in {str(i) for i in range(PARTS)}:
+        raise ValueError(f"{PART_VARIABLE}={part!r}: use {', '.join(map(str, range(PARTS)))} or all")
+    return groups(ALL_NOTEBOOKS, PARTS)[int(part)]
 
 
-def test_every_notebook_has_its_seconds_and_the_halves_cover_every_notebook(monkeypatch):
+def test_every_notebook_has_its_seconds_and_the_parts_cover_every_notebook(monkeypatch):
     assert {Path(nb).stem for nb in ALL_NOTEBOOKS} == set(SECONDS), "give a new notebook its seconds in SECONDS"
-    halves = []
-    for half in ("0", "1"):
-        monkeypatch.setenv(HALF_VARIABLE, half)
-        halves.append(notebooks_to_check())
-    assert sorted(halves[0] + halves[1]) == ALL_NOTEBOOKS and not set(halves[0]) & set(halves[1])
-    loads = [sum(SECONDS[Path(nb).stem] for nb in h) for h in halves]
+    parts = []
+    for part in range(PARTS):
+        monkeypatch.setenv(PART_VARIABLE, str(part))
+        parts.append(notebooks_to_check())
+    every = sorted(nb for names in parts for nb in names)
+    assert every == ALL_NOTEBOOKS, "a notebook is in no part, or in two"
+    loads = [sum(SECONDS[Path(nb).stem] for nb in names) for names in parts]
     assert max(loads) - min(loads) <= max(SECONDS.values()) / 2, loads
 
 
