@@ -1,0 +1,271 @@
+"""``score(my_hook)``: a hook on the challenge's fixed task set, reported as its parts and one number.
+
+For each task t (:data:`~commhooks_lab.challenge.tasks.TASKS`), the lab runs the hook with the course's seed for a
+fixed number of steps and reads back, from its own probe:
+
+- ``accuracy``: the test accuracy reached at the last step;
+- ``bytes_per_rank``: every byte rank 0 handed to collectives (the hook's own ``dist.all_reduce`` calls included);
+- ``rank_spread``: the largest difference between ranks' gradients over the run (DDP's invariant wants 0);
+- ``t_hook``: the α/β model's communication time on :data:`~commhooks_lab.challenge.tasks.REFERENCE_NETWORK`, fed
+  those exact bytes and collective calls (a model, not a measurement); ``t_allreduce``: the same for PyTorch's
+  all-reduce of the same task and steps, from the lab's byte rule.
+
+Then ``speed = 2 t_allreduce / (t_allreduce + t_hook)`` (1 for all-reduce, up to 2 for a hook that sends nothing),
+``points = accuracy x speed``, and ``score = 100 x mean over tasks of points``. A hook that breaks DDP's invariant
+(any rank_spread > 0, or ranks ending with other parameters), sends bytes the counter cannot see, or fails, is
+disqualified with the reason and has no score. Everything is bytes and seeded arithmetic under the lab's portable
+numerics: the same bits on every x86-64 CPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .tasks import REFERENCE_NETWORK, TASK_SET, TASKS, ChallengeTask, ReferenceNetwork
+
+__all__ = ["BASELINES", "FORMULA", "Score", "points", "score", "speed"]
+
+FORMULA = (
+    "score = 100 x mean over tasks of (accuracy x speed); speed = 2 t_allreduce / (t_allreduce + t_hook), "
+    "t = the α/β model's communication time for the run's exact bytes and calls"
+)
+
+#: The lab's reference hooks, as a learner meets them in the baseline table (name -> spec).
+BASELINES: dict[str, str] = {
+    "all-reduce": "allreduce",
+    "fp16": "fp16",
+    "PowerSGD r1": "power_sgd[matrix_approximation_rank=1,start_powerSGD_iter=2]",
+    "PowerSGD r4": "power_sgd[matrix_approximation_rank=4,start_powerSGD_iter=2]",
+    "top-k 1% + EF": "topk[ratio=0.01,error_feedback=true]",
+}
+
+#: The note the probe adds when a rank wrote more to its sockets than its counted collectives explain.
+_UNSEEN_BYTES = "wire_bytes:"
+
+
+def speed(t_allreduce: float, t_hook: float) -> float:
+    """2 t_allreduce / (t_allreduce + t_hook): 1 for all-reduce's own time, 2 for none."""
+    return 2.0 * t_allreduce / (t_allreduce + t_hook)
+
+
+def points(accuracy: float, t_allreduce: float, t_hook: float) -> float:
+    return accuracy * speed(t_allreduce, t_hook)
+
+
+@dataclass
+class Score:
+    """A hook's score and its parts; ``disqualified`` says why there is none."""
+
+    label: str
+    tasks: list[dict] = field(default_factory=list)
+    disqualified: str | None = None
+    network: str = REFERENCE_NETWORK.describe()
+    task_set: str = TASK_SET
+    versions: dict = field(default_factory=dict)
+
+    @property
+    def value(self) -> float | None:
+        if self.disqualified is not None or not self.tasks:
+            return None
+        return 100.0 * math.fsum(t["points"] for t in self.tasks) / len(self.tasks)
+
+    def to_dict(self) -> dict:
+        return {
+            "label": self.label,
+            "score": self.value,
+            "disqualified": self.disqualified,
+            "tasks": self.tasks,
+            "network": self.network,
+            "task_set": self.task_set,
+            "formula": FORMULA,
+            "versions": self.versions,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Score:
+        return cls(
+            str(data["label"]),
+            list(data["tasks"]),
+            data["disqualified"],
+            str(data["network"]),
+            str(data["task_set"]),
+            dict(data["versions"]),
+        )
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the parts (floats as their exact hex), the task set and the lab's version: two scores made
+        anywhere agree bit for bit exactly when their fingerprints do. The label is not part of it."""
+        data = {k: v for k, v in self.to_dict().items() if k != "label"}
+        return hashlib.sha256(json.dumps(_exact(data), sort_keys=True).encode()).hexdigest()[:16]
+
+    def table(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.tasks).set_index("task")
+
+    def report(self) -> str:
+        head = f"{self.label}: " + (
+            f"DISQUALIFIED: {self.disqualified}" if self.value is None else f"score {self.value:.2f}"
+        )
+        lines = [head, f"  {FORMULA}", f"  reference network: {self.network}"]
+        lines.append(
+            f"  {'task':<6}{'steps':>6}{'accuracy':>10}{'bytes/rank':>14}{'rank_spread':>13}"
+            f"{'t_hook s':>10}{'t_allreduce s':>15}{'speed':>7}{'points':>8}"
+        )
+        for t in self.tasks:
+            lines.append(
+                f"  {t['task']:<6}{t['steps']:>6}{t['accuracy']:>10.4f}{t['bytes_per_rank']:>14,}"
+                f"{t['rank_spread']:>13.3g}{t['t_hook_s']:>10.4f}{t['t_allreduce_s']:>15.4f}{t['speed']:>7.3f}"
+                f"{t['points']:>8.4f}"
+            )
+        lines.append(f"  task set {self.task_set}, commhooks_lab {self.versions.get('commhooks_lab')}, "
+                     f"fingerprint {self.fingerprint}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.report()
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(self.report())
+
+
+def _exact(value: Any) -> Any:
+    if isinstance(value, float):
+        return value.hex()
+    if isinstance(value, dict):
+        return {k: _exact(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_exact(v) for v in value]
+    return value
+
+
+def _versions() -> dict:
+    import torch
+
+    from .. import __version__
+    from ..launcher import numerics
+
+    return {"commhooks_lab": __version__, "torch": torch.__version__, "numerics": numerics.mode()}
+
+
+def _totals(steps) -> dict:
+    gathered = int(steps["allgather_bytes"].sum())
+    gather_calls = int(steps["allgather_calls"].sum())
+    return {
+        "allreduce_bytes": int(steps["payload_bytes"].sum()) - gathered,
+        "allgather_bytes": gathered,
+        "allreduce_calls": int(steps["collective_calls"].sum()) - gather_calls,
+        "allgather_calls": gather_calls,
+    }
+
+
+def reference_seconds(task: ChallengeTask, network: ReferenceNetwork = REFERENCE_NETWORK) -> float:
+    """All-reduce's modelled time on ``task``: its byte rule for the task's model, every step, one call per step
+    (both models fit DDP's one 25 MB bucket, as the probe counts them; a test holds all-reduce's speed to 1)."""
+    from ..engine.models import build_task
+    from ..studies.network import comm_seconds, parameter_shapes, rule_traffic
+
+    per_step = rule_traffic(parameter_shapes(build_task(task.model, task.seed).model), "allreduce", buckets=1)
+    totals = {k: task.steps * per_step[k] for k in ("allreduce_bytes", "allgather_bytes", "allreduce_calls",
+                                                     "allgather_calls")}
+    return comm_seconds(totals, task.world_size, network.bandwidth_gbps, network.latency_us)
+
+
+def _accuracy(result) -> float:
+    """The test accuracy at the last step (rank 0's model; the ranks agree when the invariant holds)."""
+    return float(result.final.get("accuracy", math.nan))
+
+
+def _why_disqualified(result) -> str | None:
+    steps = result.steps
+    if (steps["rank_spread"] != 0).any():
+        worst = steps.loc[steps["rank_spread"].idxmax()]
+        return (
+            f"breaks DDP's invariant: after the hook the ranks hold different gradients (rank_spread "
+            f"{worst['rank_spread']:.3g} at step {int(worst['step'])}; every rank must leave the same gradient)"
+        )
+    if len(set(result.final["param_digests"])) > 1:
+        return "breaks DDP's invariant: the ranks ended with different parameters"
+    unseen = [n for n in result.notes if n.startswith(_UNSEEN_BYTES)]
+    if unseen:
+        return f"sends bytes the lab's counter cannot see: {unseen[0]}"
+    if not math.isfinite(_accuracy(result)):
+        return "no test accuracy: the model's outputs are not finite"
+    return None
+
+
+def score_task(result, task: ChallengeTask, network: ReferenceNetwork = REFERENCE_NETWORK) -> dict:
+    """One task's parts, from its run."""
+    from ..studies.network import comm_seconds
+
+    t_hook = comm_seconds(_totals(result.steps), task.world_size, network.bandwidth_gbps, network.latency_us)
+    t_ref = reference_seconds(task, network)
+    accuracy = _accuracy(result)
+    return {
+        "task": task.model,
+        "steps": task.steps,
+        "accuracy": accuracy,
+        "bytes_per_rank": int(result.steps["payload_bytes"].sum()),
+        "rank_spread": float(result.steps["rank_spread"].max()),
+        "t_hook_s": t_hook,
+        "t_allreduce_s": t_ref,
+        "speed": speed(t_ref, t_hook),
+        "points": points(accuracy, t_ref, t_hook),
+    }
+
+
+def _label(hook: Any) -> str:
+    if isinstance(hook, str):
+        return next((name for name, spec in BASELINES.items() if spec == hook), hook)
+    return getattr(hook, "__name__", type(hook).__name__)
+
+
+def score(
+    hook: Any,
+    *,
+    state_factory: Callable | None = None,
+    state_options: dict | None = None,
+    label: str | None = None,
+    tasks: Sequence[ChallengeTask] = TASKS,
+    network: ReferenceNetwork = REFERENCE_NETWORK,
+    cluster=None,
+    fresh: bool = False,
+) -> Score:
+    """Score ``hook`` (your ``hook(state, bucket)``, a registered name or spec) on the challenge's tasks.
+
+    ``state_factory(process_group)`` makes your hook's state; the runs go to the session's warm ranks, to
+    ``cluster``, or to fresh ones. A hook that fails or breaks DDP's invariant comes back disqualified, with why.
+    """
+    from ..experiment import run
+
+    result = Score(label or _label(hook), network=network.describe(), versions=_versions())
+    for task in tasks:
+        try:
+            run_result = run(
+                hook=hook,
+                state_factory=state_factory,
+                state_options=dict(state_options or {}),
+                cluster=cluster,
+                fresh=fresh,
+                **task.run_options(),
+            )
+        except Exception as exc:  # the hook's own failure is the score's answer, with its reason
+            result.disqualified = f"failed on {task.model}: {type(exc).__name__}: {_first_lines(str(exc))}"
+            return result
+        why = _why_disqualified(run_result)
+        result.tasks.append(score_task(run_result, task, network))
+        if why is not None:
+            result.disqualified = f"{why} (task {task.model})"
+            return result
+    return result
+
+
+def _first_lines(text: str, most: int = 600) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= most else text[: most - 1] + "…"
