@@ -124,8 +124,10 @@ class Score:
                 f"{t['rank_spread']:>13.3g}{t['t_hook_s']:>10.4f}{t['t_allreduce_s']:>15.4f}{t['speed']:>7.3f}"
                 f"{t['points']:>8.4f}"
             )
-        lines.append(f"  task set {self.task_set}, commhooks_lab {self.versions.get('commhooks_lab')}, "
-                     f"fingerprint {self.fingerprint}")
+        lines.append(
+            f"  task set {self.task_set}, commhooks_lab {self.versions.get('commhooks_lab')}, "
+            f"fingerprint {self.fingerprint}"
+        )
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -172,8 +174,10 @@ def reference_seconds(task: ChallengeTask, network: ReferenceNetwork = REFERENCE
     from ..studies.network import comm_seconds, parameter_shapes, rule_traffic
 
     per_step = rule_traffic(parameter_shapes(build_task(task.model, task.seed).model), "allreduce", buckets=1)
-    totals = {k: task.steps * per_step[k] for k in ("allreduce_bytes", "allgather_bytes", "allreduce_calls",
-                                                     "allgather_calls")}
+    totals = {
+        k: task.steps * per_step[k]
+        for k in ("allreduce_bytes", "allgather_bytes", "allreduce_calls", "allgather_calls")
+    }
     return comm_seconds(totals, task.world_size, network.bandwidth_gbps, network.latency_us)
 
 
