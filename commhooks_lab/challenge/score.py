@@ -240,11 +240,13 @@ def score(
     network: ReferenceNetwork = REFERENCE_NETWORK,
     cluster=None,
     fresh: bool = False,
+    timeout_s: float | None = None,
 ) -> Score:
     """Score ``hook`` (your ``hook(state, bucket)``, a registered name or spec) on the challenge's tasks.
 
     ``state_factory(process_group)`` makes your hook's state; the runs go to the session's warm ranks, to
-    ``cluster``, or to fresh ones. A hook that fails or breaks DDP's invariant comes back disqualified, with why.
+    ``cluster``, or to fresh ones; ``timeout_s``: seconds without a finished step before a run is called hung.
+    A hook that fails or breaks DDP's invariant comes back disqualified, with why.
     """
     from ..experiment import run
 
@@ -258,6 +260,7 @@ def score(
                 cluster=cluster,
                 fresh=fresh,
                 **task.run_options(),
+                **({} if timeout_s is None else {"timeout_s": timeout_s}),
             )
         except Exception as exc:  # the hook's own failure is the score's answer, with its reason
             result.disqualified = f"failed on {task.model}: {type(exc).__name__}: {_first_lines(str(exc))}"
