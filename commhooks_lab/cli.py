@@ -155,6 +155,23 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _challenge_score(args: argparse.Namespace) -> int:
+    from .challenge.sandbox import score_file
+
+    scored = score_file(args.file)
+    print(scored.report())
+    print(f"  isolation: {scored.versions.get('isolation', '')}")
+    return 0 if scored.value is not None else 1
+
+
+def _challenge_leaderboard(args: argparse.Namespace) -> int:
+    from .challenge.leaderboard import leaderboard
+
+    page = leaderboard(args.dir, out=args.out, baselines=not args.no_baselines)
+    print(f"wrote {page}")
+    return 0
+
+
 def _notebooks(args) -> int:
     from .course import copy_course
 
@@ -241,6 +258,18 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_selfcheck)
     doctor = sub.add_parser("doctor", help="preflight a workshop laptop: a pass/fail table with what to do")
     doctor.set_defaults(func=_doctor)
+    challenge = sub.add_parser("challenge", help="the hook challenge: score a hook, build the leaderboard")
+    challenge_sub = challenge.add_subparsers(dest="challenge_command", required=True)
+    score = challenge_sub.add_parser(
+        "score", help="score the hook in FILE (.py, or a notebook's cells tagged challenge)"
+    )
+    score.add_argument("file", metavar="FILE")
+    score.set_defaults(func=_challenge_score)
+    board = challenge_sub.add_parser("leaderboard", help="re-run every submission in DIR and write an HTML page")
+    board.add_argument("dir", metavar="DIR")
+    board.add_argument("--out", default=None, help="the page's path (default: DIR/leaderboard.html)")
+    board.add_argument("--no-baselines", action="store_true", help="leave the lab's reference hooks off the page")
+    board.set_defaults(func=_challenge_leaderboard)
     notebooks = sub.add_parser("notebooks", help="copy the course (notebooks, glossary, teaching notes) into DIR")
     notebooks.add_argument("dir", metavar="DIR", help="folder for the course (made if missing)")
     notebooks.add_argument("--force", action="store_true", help="replace notebooks you edited with the course's")

@@ -40,7 +40,7 @@ from .screen import screen
 from .submission import MODULE, Submission, read_submission
 from .tasks import TASKS, ChallengeTask
 
-__all__ = ["Budget", "isolation", "main", "score_file", "score_submission"]
+__all__ = ["Budget", "DEFAULT_BUDGET", "isolation", "main", "score_file", "score_submission"]
 
 MAX_REPORT_BYTES = 1 << 20
 #: How much of the child's log a disqualification quotes.
@@ -56,6 +56,9 @@ class Budget:
     memory_bytes: int = 3 << 30
     file_bytes: int = 64 << 20
 
+
+#: The budget every submission gets unless a caller (a test) gives another.
+DEFAULT_BUDGET = Budget()
 
 _UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount"]
 
@@ -158,7 +161,7 @@ def _why_it_failed(log: str, returncode: int | None, budget: Budget) -> str:
 def score_submission(
     submission: Submission,
     tasks: tuple[ChallengeTask, ...] = TASKS,
-    budget: Budget = Budget(),
+    budget: Budget = DEFAULT_BUDGET,
     screened: bool = True,
 ) -> Score:
     """``submission`` screened, then scored in a child process of its own (see the module's docstring);
@@ -227,7 +230,7 @@ def score_submission(
     return scored
 
 
-def score_file(path: str | Path, tasks: tuple[ChallengeTask, ...] = TASKS, budget: Budget = Budget()) -> Score:
+def score_file(path: str | Path, tasks: tuple[ChallengeTask, ...] = TASKS, budget: Budget = DEFAULT_BUDGET) -> Score:
     """The submission at ``path`` (a .py file, or a notebook with cells tagged ``challenge``), scored safely."""
     try:
         submission = read_submission(path)
@@ -244,7 +247,8 @@ def _timeout_reason(text: str, stall_s: float) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """In the child: score ``submission:hook`` on the tasks, write the Score's JSON to the given pipe."""
+    """In the child: score ``submission:hook`` (or the registered hook its ``HOOK_SPEC`` names) on the tasks,
+    write the Score's JSON to the given pipe."""
     folder, fd, spec = argv[0], int(argv[1]), json.loads(argv[2])
     os.chdir(folder)
     sys.path.insert(0, folder)
@@ -256,8 +260,10 @@ def main(argv: list[str]) -> int:
 
     try:
         module = importlib.import_module(MODULE)
+        spec = getattr(module, "HOOK_SPEC", None)  # a registered hook by name: the lab's baselines
+        hook = spec if isinstance(spec, str) and not hasattr(module, "hook") else f"{MODULE}:hook"
         state_factory = getattr(module, "make_state", None)
-        result = score(f"{MODULE}:hook", state_factory=state_factory, tasks=tasks, fresh=True, timeout_s=stall_s)
+        result = score(hook, state_factory=state_factory, tasks=tasks, fresh=True, timeout_s=stall_s)
     except Exception as exc:  # its import failed: the report says so
         result = Score(MODULE, disqualified=f"failed to load: {type(exc).__name__}: {exc}", versions=_versions())
     if result.disqualified and "WorkerTimeoutError" in result.disqualified:

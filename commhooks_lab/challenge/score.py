@@ -44,6 +44,9 @@ BASELINES: dict[str, str] = {
     "top-k 1% + EF": "topk[ratio=0.01,error_feedback=true]",
 }
 
+#: The versions a score's bits depend on (the rest of ``Score.versions`` says where and how it ran).
+FINGERPRINTED_VERSIONS = ("commhooks_lab", "torch", "numerics")
+
 #: The note the probe adds when a rank wrote more to its sockets than its counted collectives explain.
 _UNSEEN_BYTES = "wire_bytes:"
 
@@ -100,8 +103,10 @@ class Score:
     @property
     def fingerprint(self) -> str:
         """sha256 of the parts (floats as their exact hex), the task set and the lab's version: two scores made
-        anywhere agree bit for bit exactly when their fingerprints do. The label is not part of it."""
-        data = {k: v for k, v in self.to_dict().items() if k != "label"}
+        anywhere agree bit for bit exactly when their fingerprints do. Neither the label nor where it ran (the
+        sandbox's isolation, the source's digest) is part of it: a learner's own score and the leaderboard's match."""
+        data = {k: v for k, v in self.to_dict().items() if k not in ("label", "versions")}
+        data["versions"] = {k: self.versions.get(k) for k in FINGERPRINTED_VERSIONS}
         return hashlib.sha256(json.dumps(_exact(data), sort_keys=True).encode()).hexdigest()[:16]
 
     def table(self):
@@ -252,16 +257,11 @@ def score(
 
     result = Score(label or _label(hook), network=network.describe(), versions=_versions())
     for task in tasks:
+        options: dict[str, Any] = {**task.run_options(), "state_options": dict(state_options or {})}
+        if timeout_s is not None:
+            options["timeout_s"] = timeout_s
         try:
-            run_result = run(
-                hook=hook,
-                state_factory=state_factory,
-                state_options=dict(state_options or {}),
-                cluster=cluster,
-                fresh=fresh,
-                **task.run_options(),
-                **({} if timeout_s is None else {"timeout_s": timeout_s}),
-            )
+            run_result = run(hook=hook, state_factory=state_factory, cluster=cluster, fresh=fresh, **options)
         except Exception as exc:  # the hook's own failure is the score's answer, with its reason
             result.disqualified = f"failed on {task.model}: {type(exc).__name__}: {_first_lines(str(exc))}"
             return result

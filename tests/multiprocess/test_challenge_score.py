@@ -1,0 +1,63 @@
+"""The challenge's score, in-process: the same bits twice, the baselines ranked as the formula says, every byte a
+hook sends counted, and a hook that breaks DDP's invariant disqualified with the reason."""
+
+import pytest
+
+from commhooks_lab.challenge.score import BASELINES, Score, points, score
+from commhooks_lab.challenge.tasks import ChallengeTask
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+CNN = (ChallengeTask("cnn", steps=30),)
+SHORT = (ChallengeTask("cnn", steps=4),)
+CNN_PARAMETERS = 9930  # conv16 (160) + conv32 (4,640) + linear (5,130)
+
+
+@pytest.fixture(scope="module")
+def baselines(cluster):
+    return {name: score(spec, tasks=CNN, cluster=cluster) for name, spec in BASELINES.items()}
+
+
+def test_the_baselines_rank_as_the_formula_says(baselines):
+    """The score is its stated formula of its printed parts, and the ranking it gives is held fixed."""
+    for name, scored in baselines.items():
+        (part,) = scored.tasks
+        assert scored.disqualified is None, name
+        assert scored.value == 100 * points(part["accuracy"], part["t_allreduce_s"], part["t_hook_s"])
+    assert baselines["all-reduce"].tasks[0]["speed"] == 1.0  # the reference is all-reduce's own bytes and calls
+    assert baselines["all-reduce"].tasks[0]["bytes_per_rank"] == 4 * CNN_PARAMETERS * 30
+    assert baselines["fp16"].tasks[0]["bytes_per_rank"] * 2 == baselines["all-reduce"].tasks[0]["bytes_per_rank"]
+    order = sorted(baselines, key=lambda name: baselines[name].value)
+    assert order == ["all-reduce", "PowerSGD r1", "fp16", "PowerSGD r4", "top-k 1% + EF"]
+
+
+def test_a_score_is_the_same_bits_twice_and_survives_its_json(cluster, baselines):
+    again = score(BASELINES["PowerSGD r1"], tasks=CNN, cluster=cluster)
+    first = baselines["PowerSGD r1"]
+    assert again.to_dict() == first.to_dict() and again.fingerprint == first.fingerprint
+    assert Score.from_dict(again.to_dict()).fingerprint == first.fingerprint
+    assert baselines["fp16"].fingerprint != first.fingerprint
+    report = first.report()
+    assert "score = 100 x mean over tasks" in report and f"{first.value:.2f}" in report and "1 Gbit/s" in report
+
+
+def test_a_collective_the_hook_calls_itself_counts(cluster):
+    from _challenge_hooks import EXTRA, allreduce_and_broadcast
+
+    scored = score(allreduce_and_broadcast, tasks=SHORT, cluster=cluster)
+    assert scored.disqualified is None
+    assert scored.tasks[0]["bytes_per_rank"] == 4 * (CNN_PARAMETERS + EXTRA) * 4  # 4 steps, rank 0 broadcasts
+
+
+def test_bytes_the_counter_cannot_see_disqualify(cluster):
+    from _challenge_hooks import through_the_process_group
+
+    scored = score(through_the_process_group, tasks=SHORT, cluster=cluster)
+    assert scored.value is None and "sends bytes the lab's counter cannot see" in scored.disqualified
+
+
+def test_a_hook_that_breaks_the_invariant_is_disqualified(cluster):
+    scored = score("noop", tasks=SHORT, cluster=cluster)
+    assert scored.value is None
+    assert scored.disqualified.startswith("breaks DDP's invariant: after the hook the ranks hold different gradients")
+    assert "DISQUALIFIED" in scored.report()
