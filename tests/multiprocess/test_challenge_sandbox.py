@@ -1,0 +1,90 @@
+"""Submissions the lab did not write, scored in its sandbox: a folder gives the same leaderboard page twice, each
+cheating kind of issue 51 is refused with its reason, a fair entry's score is the one its author gets in-process;
+and what still holds on a machine without user namespaces. (Each sandboxed run starts Python, torch and two ranks:
+the folder here holds one fair entry, the cheats the screen refuses, and the two that only the budgets stop.)"""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commhooks_lab.challenge.leaderboard import PAGE, build, leaderboard
+from commhooks_lab.challenge.sandbox import Budget
+from commhooks_lab.challenge.score import score
+from commhooks_lab.challenge.tasks import ChallengeTask
+
+pytestmark = pytest.mark.usefixtures("no_leftover_processes")
+
+SUBMISSIONS = Path(__file__).parents[1] / "challenge_submissions"
+TASKS = (ChallengeTask("cnn", steps=2),)
+BUDGET = Budget(wall_s=120, stall_s=4, memory_bytes=2 << 30)
+
+#: Each cheating entry and the start of the reason it must get.
+SCREENED = {
+    "forks": "refused before it ran: line 3: import os: forks or runs other processes",
+    "patches_the_counter": "refused before it ran: line 5: assigns to dist.all_reduce: patches a library",
+    "reads_the_reference": "refused before it ran: line 3: import gc: reaches into other code's objects",
+    "talks_to_the_network": "refused before it ran: line 3: import socket: talks to the network",
+    "writes_outside": "refused before it ran: line 5: open: touches files outside its folder",
+}
+BUDGETED = {
+    "allocates_without_bound": "ran out of its memory budget of 2 GiB",
+    "runs_forever": "ran past its time budget: no step finished within 4 s",
+}
+
+
+def _folder(tmp_path: Path, names) -> Path:
+    for name in names:
+        shutil.copy(SUBMISSIONS / f"{name}.py", tmp_path / f"{name}.py")
+    return tmp_path
+
+
+def test_the_same_folder_gives_the_same_page_and_a_learner_their_own_score(tmp_path, cluster):
+    folder = _folder(tmp_path, ["fp16_by_hand", *SCREENED])
+    first = leaderboard(folder, tasks=TASKS, budget=BUDGET, baselines=False).read_bytes()
+    scores = {s.label: s for s in build(folder, tasks=TASKS, budget=BUDGET, baselines=False)}
+    second = leaderboard(folder, out=tmp_path / "again.html", tasks=TASKS, budget=BUDGET, baselines=False)
+    assert second.read_bytes() == first  # no timestamp, no path, no timing in what the page shows
+    for label, reason in SCREENED.items():
+        assert scores[label].value is None and scores[label].disqualified.startswith(reason), scores[label]
+    page = first.decode()
+    assert page.index("fp16_by_hand") < min(page.index(label) for label in SCREENED)
+    assert "<script" not in page and "src=" not in page and (folder / PAGE).exists()
+    from challenge_submissions import fp16_by_hand  # the author's own copy (tests/ is on the ranks' path too)
+
+    own = score(fp16_by_hand.hook, tasks=TASKS, cluster=cluster)
+    assert own.value is not None and own.fingerprint == scores["fp16_by_hand"].fingerprint
+    assert own.fingerprint in page
+
+
+def test_what_gets_past_the_screen_meets_the_budgets(tmp_path):
+    scores = {s.label: s for s in build(_folder(tmp_path, BUDGETED), tasks=TASKS, budget=BUDGET, baselines=False)}
+    for label, reason in BUDGETED.items():
+        assert scores[label].value is None and scores[label].disqualified.startswith(reason), scores[label]
+    assert "rank 0 raised RuntimeError" in scores["allocates_without_bound"].disqualified
+
+
+NO_USER_NAMESPACES = 'echo 0 > /proc/sys/user/max_user_namespaces; exec "$@"'
+WITHOUT_NAMESPACES = """
+import json
+from commhooks_lab.challenge.sandbox import Budget, isolation, score_submission
+from commhooks_lab.challenge.submission import Submission
+from commhooks_lab.challenge.tasks import ChallengeTask
+looping = Submission("loops_at_import", "while True:\\n    pass\\n")
+scored = score_submission(looping, (ChallengeTask("cnn", steps=2),), Budget(wall_s=6, stall_s=4))
+print(json.dumps({"isolated": isolation()[0], "note": isolation()[1], "reason": scored.disqualified}))
+"""
+
+
+def test_without_user_namespaces_the_budgets_and_the_session_still_hold():
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-r", "true"]).returncode != 0:
+        pytest.skip("this machine gives no user namespace to take them away in")
+    command = ["unshare", "-r", "sh", "-c", NO_USER_NAMESPACES, "sh", sys.executable, "-c", WITHOUT_NAMESPACES]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["isolated"] is False
+    assert report["note"].startswith("no namespaces (unshare: ") and "guarded by the screen alone" in report["note"]
+    assert report["reason"] == "ran past its time budget of 6 s (runs forever?)"
