@@ -52,6 +52,7 @@ _SUBMODULES = {
     "checkpoint": "engine.checkpoint",
     "session": "launcher.session",
     "numerics": "launcher.numerics",
+    "challenge": "challenge",
 }
 
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)

@@ -15,24 +15,25 @@ May import the notebook API, the studies and every layer below them; the CLI imp
 
 from __future__ import annotations
 
-import importlib
+# The functions named like their modules are bound here, after their modules: ``lab.challenge.score`` is the
+# function even once ``commhooks_lab.challenge.score`` (the module) has been imported. All of these are light:
+# torch and pandas load when a score runs.
+from .leaderboard import leaderboard
+from .sandbox import Budget, score_file
+from .score import BASELINES, FORMULA, Score, score
+from .screen import screen
+from .tasks import REFERENCE_NETWORK, TASKS, ChallengeTask
 
-_EXPORTS = {
-    "score": "score",
-    "Score": "score",
-    "TASKS": "tasks",
-    "ChallengeTask": "tasks",
-    "REFERENCE_NETWORK": "tasks",
-    "screen": "screen",
-    "score_file": "sandbox",
-    "leaderboard": "leaderboard",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+__all__ = [
+    "BASELINES",
+    "Budget",
+    "ChallengeTask",
+    "FORMULA",
+    "REFERENCE_NETWORK",
+    "Score",
+    "TASKS",
+    "leaderboard",
+    "score",
+    "score_file",
+    "screen",
+]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..safe_files import Folder, parse_json
-from .score import Score, _versions
+from .score import Score, lab_versions
 from .screen import screen
 from .submission import MODULE, Submission, read_submission
 from .tasks import TASKS, ChallengeTask
@@ -117,7 +117,7 @@ def _limits(budget: Budget):
 
 
 def _disqualified(submission: Submission, reason: str, isolation_note: str = "") -> Score:
-    result = Score(submission.label, disqualified=reason, versions=_versions())
+    result = Score(submission.label, disqualified=reason, versions=lab_versions())
     result.versions["isolation"] = isolation_note
     return result
 
@@ -265,7 +265,7 @@ def main(argv: list[str]) -> int:
         state_factory = getattr(module, "make_state", None)
         result = score(hook, state_factory=state_factory, tasks=tasks, fresh=True, timeout_s=stall_s)
     except Exception as exc:  # its import failed: the report says so
-        result = Score(MODULE, disqualified=f"failed to load: {type(exc).__name__}: {exc}", versions=_versions())
+        result = Score(MODULE, disqualified=f"failed to load: {type(exc).__name__}: {exc}", versions=lab_versions())
     if result.disqualified and "WorkerTimeoutError" in result.disqualified:
         result.disqualified = _timeout_reason(result.disqualified, stall_s)
     with os.fdopen(fd, "wb") as out:

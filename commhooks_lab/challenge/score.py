@@ -152,7 +152,7 @@ def _exact(value: Any) -> Any:
     return value
 
 
-def _versions() -> dict:
+def lab_versions() -> dict:
     import torch
 
     from .. import __version__
@@ -255,7 +255,7 @@ def score(
     """
     from ..experiment import run
 
-    result = Score(label or _label(hook), network=network.describe(), versions=_versions())
+    result = Score(label or _label(hook), network=network.describe(), versions=lab_versions())
     for task in tasks:
         options: dict[str, Any] = {**task.run_options(), "state_options": dict(state_options or {})}
         if timeout_s is not None:

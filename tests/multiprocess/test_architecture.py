@@ -252,6 +252,18 @@ LAYERS = {
         "safe_files",
         "course",
     },
+    "challenge": {
+        "launcher",
+        "hooks",
+        "measure",
+        "engine",
+        "experiment",
+        "result",
+        "studies",
+        "_compat",
+        "_util",
+        "safe_files",
+    },
 }
 
 

@@ -68,3 +68,20 @@ def test_a_notebook_submission_is_its_tagged_cells(tmp_path):
     path.write_text(json.dumps({"cells": [cell], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     with pytest.raises(ValueError, match="no code cell tagged 'challenge'"):
         read_submission(path)
+
+
+def test_the_command_line_scores_a_file_and_names_why_it_was_refused(tmp_path, capsys):
+    """``commhooks-lab challenge score FILE``: a refused entry exits 1 with its reason, before any process starts."""
+    import commhooks_lab as lab
+    from commhooks_lab import cli
+
+    entry = tmp_path / "mine.py"
+    entry.write_text("import socket\n\ndef hook(state, bucket):\n    pass\n")
+    assert cli.main(["challenge", "score", str(entry)]) == 1
+    out = capsys.readouterr().out
+    assert "mine: DISQUALIFIED: refused before it ran: line 1: import socket: talks to the network" in out
+    args = cli.build_parser().parse_args(["challenge", "leaderboard", str(tmp_path), "--no-baselines"])
+    assert args.func.__name__ == "_challenge_leaderboard" and args.no_baselines
+    import commhooks_lab.challenge.score  # noqa: F401  (the module, imported by its full name)
+
+    assert callable(lab.challenge.score) and callable(lab.challenge.screen)  # the notebook's lab.challenge.score(hook)
