@@ -252,19 +252,9 @@ LAYERS = {
         "safe_files",
         "course",
     },
-    "challenge": {
-        "launcher",
-        "hooks",
-        "measure",
-        "engine",
-        "experiment",
-        "result",
-        "studies",
-        "_compat",
-        "_util",
-        "safe_files",
-    },
 }
+#: The challenge scores with the notebook API and the studies' network model; the CLI imports it.
+LAYERS["challenge"] = (LAYERS["studies"] - {"course"}) | {"studies"}
 
 
 def _layer(module: str) -> str:
