@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..safe_files import Folder, parse_json
-from .score import Score, lab_versions
+from .score import Score, first_lines, lab_versions
 from .screen import screen
 from .submission import MODULE, Submission, read_submission
 from .tasks import TASKS, ChallengeTask
@@ -150,7 +150,7 @@ def _read_report(fd: int, proc: subprocess.Popen, budget: Budget) -> tuple[bytes
 
 
 def _why_it_failed(log: str, returncode: int | None, budget: Budget) -> str:
-    tail = " ".join(log[-LOG_TAIL:].split())
+    tail = first_lines(log[-LOG_TAIL:])
     if "can't allocate memory" in log or "MemoryError" in log or "std::bad_alloc" in log:
         return f"ran out of its memory budget of {budget.memory_bytes / 2**30:g} GiB: {tail}"
     if returncode == -signal.SIGXCPU or returncode == 128 + signal.SIGXCPU:

@@ -28,7 +28,7 @@ from typing import Any
 
 from .tasks import REFERENCE_NETWORK, TASK_SET, TASKS, ChallengeTask, ReferenceNetwork
 
-__all__ = ["BASELINES", "FORMULA", "Score", "points", "score", "speed"]
+__all__ = ["BASELINES", "FORMULA", "Score", "first_lines", "points", "score", "speed"]
 
 FORMULA = (
     "score = 100 x mean over tasks of (accuracy x speed); speed = 2 t_allreduce / (t_allreduce + t_hook), "
@@ -263,7 +263,7 @@ def score(
         try:
             run_result = run(hook=hook, state_factory=state_factory, cluster=cluster, fresh=fresh, **options)
         except Exception as exc:  # the hook's own failure is the score's answer, with its reason
-            result.disqualified = f"failed on {task.model}: {type(exc).__name__}: {_first_lines(str(exc))}"
+            result.disqualified = f"failed on {task.model}: {type(exc).__name__}: {first_lines(str(exc))}"
             return result
         why = _why_disqualified(run_result)
         result.tasks.append(score_task(run_result, task, network))
@@ -273,6 +273,14 @@ def score(
     return result
 
 
-def _first_lines(text: str, most: int = 600) -> str:
+#: Where a rank's error message turns into its traceback: file paths and line numbers of this install, which
+#: would make the same entry's reason differ from machine to machine.
+TRACEBACK_MARKS = ("--- traceback", "Traceback (most recent call last)")
+
+
+def first_lines(text: str, most: int = 600) -> str:
+    """The message without its tracebacks, on one line, at most ``most`` characters."""
+    for mark in TRACEBACK_MARKS:
+        text = text.split(mark)[0]
     text = " ".join(text.split())
     return text if len(text) <= most else text[: most - 1] + "…"

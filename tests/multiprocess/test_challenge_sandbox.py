@@ -65,6 +65,46 @@ def test_what_gets_past_the_screen_meets_the_budgets(tmp_path):
     for label, reason in BUDGETED.items():
         assert scores[label].value is None and scores[label].disqualified.startswith(reason), scores[label]
     assert "rank 0 raised RuntimeError" in scores["allocates_without_bound"].disqualified
+    assert "Traceback" not in scores["allocates_without_bound"].disqualified  # no install paths in a reason
+
+
+#: What gets past the screen meets the namespaces: it tries the network, a file outside its folder and a fork,
+#: then says what it got (a submission speaks only through the reason it fails with).
+ESCAPES = """
+import os, socket, time
+got = []
+for attempt in (lambda: socket.create_connection(("192.0.2.1", 9000), timeout=2),
+                lambda: open("/tmp/hook_challenge_was_here", "w")):
+    try:
+        attempt()
+        got.append("done")
+    except OSError as exc:
+        got.append(exc.strerror)
+if os.fork() == 0:
+    time.sleep(3600)
+raise RuntimeError("; ".join(got))
+"""
+
+
+def test_the_namespaces_hold_what_gets_past_the_screen():
+    from commhooks_lab.challenge.sandbox import isolation, score_submission
+    from commhooks_lab.challenge.submission import Submission
+
+    if not isolation()[0]:
+        pytest.skip("no user namespaces here: the screen alone guards the network and the files")
+    scored = score_submission(Submission("escapes", ESCAPES), TASKS, BUDGET, screened=False)
+    assert scored.disqualified == ("failed to load: RuntimeError: Network is unreachable; Read-only file system"), (
+        scored.disqualified
+    )
+    assert not Path("/tmp/hook_challenge_was_here").exists()
+    import psutil
+
+    forked = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if "commhooks_lab.challenge.sandbox" in " ".join(p.info["cmdline"] or [])
+    ]
+    assert forked == []  # the fork died with its PID namespace
 
 
 NO_USER_NAMESPACES = 'echo 0 > /proc/sys/user/max_user_namespaces; exec "$@"'
