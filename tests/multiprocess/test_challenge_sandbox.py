@@ -92,7 +92,8 @@ def test_the_namespaces_hold_what_gets_past_the_screen():
 
     if not isolation()[0]:
         pytest.skip("no user namespaces here: the screen alone guards the network and the files")
-    scored = score_submission(Submission("escapes", ESCAPES), TASKS, BUDGET, screened=False)
+    marked = Budget(wall_s=120, stall_s=4.125, memory_bytes=2 << 30)  # its stall_s marks its processes' command line
+    scored = score_submission(Submission("escapes", ESCAPES), TASKS, marked, screened=False)
     assert scored.disqualified == ("failed to load: RuntimeError: Network is unreachable; Read-only file system"), (
         scored.disqualified
     )
@@ -103,6 +104,7 @@ def test_the_namespaces_hold_what_gets_past_the_screen():
         p.pid
         for p in psutil.process_iter(["cmdline"])
         if "commhooks_lab.challenge.sandbox" in " ".join(p.info["cmdline"] or [])
+        and '"stall_s": 4.125' in " ".join(p.info["cmdline"] or [])
     ]
     assert forked == []  # the fork died with its PID namespace
 
