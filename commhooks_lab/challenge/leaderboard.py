@@ -63,11 +63,12 @@ def render(scores: Sequence[Score], isolation_note: str) -> str:
             place += 1
         shown = f"{s.value:.2f}" if s.value is not None else "—"
         parts = _parts(s) if s.value is not None else f"disqualified: {html.escape(s.disqualified or '')}"
-        source = s.versions.get("source_sha256", "")
+        source = s.versions.get("source_sha256")
+        source_line = f"<br>source <code>{html.escape(str(source))}</code>" if source else ""
         lines.append(
             f'<tr class="{"in" if s.value is not None else "out"}"><td>{place if s.value is not None else ""}</td>'
             f'<td class="l">{html.escape(s.label)}</td><td>{shown}</td><td class="l">{parts}</td>'
-            f'<td class="l"><code>{s.fingerprint}</code><br>source <code>{html.escape(str(source))}</code></td></tr>'
+            f'<td class="l"><code>{s.fingerprint}</code>{source_line}</td></tr>'
         )
     lines += ["</table>", "</body></html>", ""]
     return "\n".join(lines)
