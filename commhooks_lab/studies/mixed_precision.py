@@ -277,7 +277,8 @@ def _stages(per_rank: list[list[torch.Tensor]], scale: float, qs: list[torch.Ten
 
 def _output_flags(layers: Sequence[torch.Tensor]) -> dict[str, bool]:
     """``output``: every compressed layer's result finite and not all zero; ``zeroed``: some layer came back all
-    zeros with no inf or NaN anywhere, which a GradScaler cannot see (Gram-Schmidt divided P by an infinite norm)."""
+    zeros with no inf or NaN anywhere, which a GradScaler cannot see (as when Gram-Schmidt divides a finite column
+    by a norm that overflowed: ``col / inf`` is 0)."""
     finite = all(bool(t.isfinite().all()) for t in layers)
     return {
         "output": finite and all(bool((t != 0).any()) for t in layers),
@@ -308,15 +309,16 @@ def powersgd_fp16_replay(
 
     Stages: ``cast`` (the wrapper's float16 cast of each rank's scaled gradient), ``p_local`` (each rank's
     P = M Q), ``p_sum`` (P all-reduced as a sum), ``p_norm`` (the norm Gram-Schmidt divides each column of P by)
-    and ``output`` (the hook's result finite and not all zero in every compressed layer).
+    and ``output`` (the hook's result finite and not all zero in every compressed layer); ``zeroed``: a compressed
+    layer came back all zeros with nothing infinite, an overflow no inf/NaN check sees.
     """
-    from .precision import _one_thread, local_gradients
+    from .precision import local_gradients, one_thread
 
     grads = local_gradients("mlp", world_size, seed=0)
     per_rank = [_split(g, _param_shapes()) for g in grads]  # one bucket, in the parameters' order (measured)
     chosen = _compressed_shapes(per_rank[0])
     qs = _first_qs([tuple(per_rank[0][i].reshape(per_rank[0][i].shape[0], -1).shape) for i in chosen], seed)
-    with _one_thread():
+    with one_thread():
         return [{"log2_scale": k, **_stages(per_rank, 2.0**k, qs, chosen)} for k in log2_scales]
 
 
