@@ -226,7 +226,8 @@ def scaler_table(
 
 
 def _normalize(col: torch.Tensor) -> torch.Tensor:
-    """Gram-Schmidt at matrix rank 1, as ``_orthogonalize_gram_schmidt`` does it in the column's dtype."""
+    """Gram-Schmidt at matrix rank 1, as ``_orthogonalize_gram_schmidt`` does it in the column's dtype (torch 2.13
+    divides by ``torch.norm(col, dim=1, keepdim=True)``, 2.14 by ``torch.linalg.vector_norm``: the same bits)."""
     return col / torch.linalg.vector_norm(col, dim=1, keepdim=True)
 
 
