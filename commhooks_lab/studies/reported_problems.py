@@ -177,12 +177,16 @@ def _rank_no_sync(ctx, micro_batches: int, steps: int) -> list[dict]:
                     with model.no_sync():
                         torch.nn.functional.cross_entropy(model(x), y).backward()
             counter.active = False
+            grad = _flat_grad(model)
+            every = [torch.empty_like(grad) for _ in range(ctx.world_size)]
+            torch.distributed.all_gather(every, grad)
             rows.append(
                 {
                     "no_sync_around": placement,
                     "optimizer_step": step,
                     "hook_calls": len(calls) - before,
                     "payload_bytes": counter.payload_bytes,
+                    "ranks_agree": all(torch.equal(every[0], g) for g in every[1:]),
                 }
             )
             model.zero_grad()
@@ -191,7 +195,8 @@ def _rank_no_sync(ctx, micro_batches: int, steps: int) -> list[dict]:
 
 def no_sync_placement(cluster: Any, micro_batches: int = 4, steps: int = 2):
     """Hook calls and bytes per optimizer step with ``no_sync()`` around the backward only, or around forward
-    and backward."""
+    and backward (DDP arms its hooks in forward: ``_post_forward`` calls ``prepare_for_backward`` when
+    ``require_backward_grad_sync`` is True); ``ranks_agree`` compares every rank's gradient after the step."""
     import pandas as pd
 
     return pd.DataFrame(cluster.run(_rank_no_sync, micro_batches, steps)[0])
