@@ -38,6 +38,33 @@ def _flat_grad(model) -> Any:
     return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
 
 
+def _batch_and_local_gradient(rank: int) -> tuple[Any, Any, Any]:
+    """This rank's batch for the tiny MLP and the gradient it gives without DDP (the exact mean's ingredient)."""
+    import torch
+
+    data = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(16, 64, generator=data), torch.randint(0, 10, (16,), generator=data)
+    local_model = _tiny_mlp(0)
+    torch.nn.functional.cross_entropy(local_model(x), y).backward()
+    return x, y, _flat_grad(local_model)
+
+
+def _counted_ddp() -> tuple[Any, list[int]]:
+    """The tiny MLP in DDP with PyTorch's all-reduce hook, each call's bucket index appended to the list."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_tiny_mlp(0))
+    calls: list[int] = []
+
+    def counted(state, bucket):
+        calls.append(bucket.index())
+        return allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, counted)
+    return model, calls
+
+
 def _exact_and_spread(ctx, local, reduced) -> tuple[float, float, int]:
     """``rel_error`` of ``reduced`` against the float64 mean of every rank's ``local``, ``rank_spread`` (max
     |h_r - h_0| over ranks) and the number of nonfinite elements in ``reduced``."""
@@ -143,22 +170,13 @@ def fp16_overflow(cluster: Any, peaks: tuple[float, ...] = (0.2, 0.75, 1.5), see
 
 def _rank_no_sync(ctx, micro_batches: int, steps: int) -> list[dict]:
     import torch
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ..measure.payload import PayloadCounter
 
     rows = []
     counter = PayloadCounter.install()
     for placement in ("backward_only", "forward_and_backward"):
-        model = DDP(_tiny_mlp(0))
-        calls: list[int] = []
-
-        def counted(state, bucket, calls=calls):
-            calls.append(bucket.index())
-            return allreduce_hook(state, bucket)
-
-        model.register_comm_hook(None, counted)
+        model, calls = _counted_ddp()
         data = torch.Generator().manual_seed(1000 + ctx.rank)
         for step in range(steps):
             before = len(calls)
@@ -214,11 +232,7 @@ def _rank_compiled_autograd(ctx, cases: tuple[str, ...]) -> list[dict]:
     from ..engine.ddp_job import quiet_dynamo
     from .availability import root_error
 
-    data = torch.Generator().manual_seed(ctx.rank)
-    x, y = torch.randn(16, 64, generator=data), torch.randint(0, 10, (16,), generator=data)
-    local_model = _tiny_mlp(0)
-    torch.nn.functional.cross_entropy(local_model(x), y).backward()
-    local = _flat_grad(local_model)
+    x, y, local = _batch_and_local_gradient(ctx.rank)
     rows = []
     for case in cases:
         reducer, compiled_model = {
@@ -264,7 +278,8 @@ def compiled_autograd_cases(cluster: Any, cases: tuple[str, ...] = ("cpp_reducer
 def static_graph_accumulation(cluster: Any, micro_batches: int = 4, steps: int = 2):
     """``static_graph=True`` with ``no_sync()`` micro-batches, run by the lab's accumulation study: first as
     reported (the first backward inside ``no_sync()``), then with one synced step first (``warm_sync``), then with
-    ``static_graph=False``. One row per setup: whether it ran, its error, and ``ranks_agree`` over its steps."""
+    ``static_graph=False``. One row per setup: whether it ran, its error, and ``ranks_agree`` over its steps.
+    The cluster replaces ranks that raised, so the setups after the first run on new ranks."""
     import pandas as pd
 
     from ..launcher import WorkerError
@@ -307,11 +322,10 @@ def powersgd_payoff(
     from .network.architectures import architectures
 
     options = {"matrix_approximation_rank": rank, "start_powerSGD_iter": 2}
+    on = {"steps": steps, "cluster": cluster, "world_size": cluster.world_size, "measure": False}
     measured = {
-        "allreduce": alpha_beta.traffic(run(hook="allreduce", steps=steps, cluster=cluster, measure=False)),
-        "power_sgd": alpha_beta.traffic(
-            run(hook="power_sgd", state_options=options, steps=steps, cluster=cluster, measure=False)
-        ),
+        "allreduce": alpha_beta.traffic(run(hook="allreduce", **on)),
+        "power_sgd": alpha_beta.traffic(run(hook="power_sgd", state_options=options, **on)),
     }
     resnet = architectures(include_lab_models=False)["ResNet-50"]
     ruled = {
@@ -342,24 +356,11 @@ def powersgd_payoff(
 
 def _rank_autograd_grad(ctx) -> list[dict]:
     import torch
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
-    data = torch.Generator().manual_seed(ctx.rank)
-    x, y = torch.randn(16, 64, generator=data), torch.randint(0, 10, (16,), generator=data)
-    local_model = _tiny_mlp(0)
-    torch.nn.functional.cross_entropy(local_model(x), y).backward()
-    local = _flat_grad(local_model)
+    x, y, local = _batch_and_local_gradient(ctx.rank)
     rows = []
     for how in ("autograd.grad", "backward"):
-        model = DDP(_tiny_mlp(0))
-        calls: list[int] = []
-
-        def counted(state, bucket, calls=calls):
-            calls.append(bucket.index())
-            return allreduce_hook(state, bucket)
-
-        model.register_comm_hook(None, counted)
+        model, calls = _counted_ddp()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         if how == "backward":
             loss.backward()
