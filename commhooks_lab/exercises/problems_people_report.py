@@ -92,10 +92,11 @@ def check_gradients_agree(attempt: Any, cluster: Any = None, world_sizes=WORLD_S
     """Your ``gradients_agree(grad) -> bool`` on real ranks at 2, 3 and 4 (``cluster``: a Cluster, or several, used
     for the sizes they have; the others get ranks started for them and stopped after).
 
-    Wrong answers it recognises, each told by its own hint (its test file feeds them): no communication ("a rank knows only its own gradient"); rank 0's norm broadcast, or only the
-    largest norm all-reduced ("every rank must reach the same verdict"); a tolerance ("not within a tolerance");
-    the whole gradient all-gathered ("send a number or two"). A verdict of False on equal gradients is told to
-    compare exactly; one right at 2 ranks only is told so by :func:`.checking.first_problem_by_world_size`.
+    Wrong answers it recognises, each told by its own hint (its test file feeds them): no communication ("a rank
+    knows only its own gradient"); rank 0's norm broadcast, or only the largest norm all-reduced ("every rank must
+    reach the same verdict"); a tolerance ("not within a tolerance"); the whole gradient all-gathered ("send a
+    number or two"). A verdict of False on equal gradients is told to compare exactly; one right at 2 ranks only
+    is told so by :func:`.checking.first_problem_by_world_size`.
     """
     return check_function(
         "gradients_agree",
