@@ -23,9 +23,6 @@ def test_the_old_fp16_order_overflows_where_the_sum_passes_the_limit_and_pytorch
     for hook in ("sum_then_divide", "fp16_compress_hook"):  # below the limit both orders agree with the mean
         ok = table.loc[(fits, hook)]
         assert ok["nonfinite"] == 0 and ok["rank_spread"] == 0 and ok["rel_error"] < 2.0**-11 * 2
-    assert table.loc[(fits, "sum_then_divide"), "rel_error"] == pytest.approx(
-        table.loc[(fits, "fp16_compress_hook"), "rel_error"], rel=0.2
-    )
     assert table.loc[(sum_over, "sum_then_divide"), "nonfinite"] > 0  # broken: the sum overflows
     assert table.loc[(sum_over, "fp16_compress_hook"), "nonfinite"] == 0  # fixed: only values must fit
     assert table.loc[(sum_over, "fp16_compress_hook"), "rel_error"] < 2.0**-11 * 2
