@@ -67,6 +67,12 @@ def test_powersgd_chains_three_collectives_and_its_break_even_falls_with_world_s
     assert by[("lab MLP", 0.0, 8)] < by[("ResNet-50", 0.0, 8)]
 
 
-def test_compiled_autograd_over_the_cpp_reducer_now_refuses_instead_of_skipping_the_reduction(ranks):
-    table = problems.compiled_autograd_cases(ranks)
-    assert not table.loc[0, "runs"] and 'optimize_ddp="python_reducer"' in table.loc[0, "error"]
+def test_compiled_autograd_over_the_cpp_reducer_now_refuses_and_the_python_reducer_reduces(ranks):
+    # the Python reducer costs each rank seconds of compiling: at 2 ranks the notebook's strict nbval checks it
+    cases = ("cpp_reducer", "python_reducer") if ranks.world_size == 3 else ("cpp_reducer",)
+    table = problems.compiled_autograd_cases(ranks, cases).set_index("case")
+    cpp = table.loc["cpp_reducer"]
+    assert not cpp["runs"] and 'optimize_ddp="python_reducer"' in cpp["error"]
+    if "python_reducer" in cases:
+        python = table.loc["python_reducer"]
+        assert python["runs"] and python["rank_spread"] == 0 and python["rel_error"] < 1e-6
