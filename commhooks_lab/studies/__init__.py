@@ -3,8 +3,9 @@ test (``convergence``), bytes and time by rule (``network``), precision at scale
 precision with hooks (``mixed_precision``), the ``torch.compile`` matrix (``compile_matrix``), what runs here
 (``availability``), overlap with backward (``overlap``), gradient accumulation (``accumulation``), syncing every
 H steps (``low_communication``) and time behind real slow links (``links``), flat against hierarchical
-communication on nodes behind slow uplinks (``nodes``); problems reported on PyTorch's and Accelerate's trackers, broken and fixed (``reported_problems``);
-independent runs on several sets of ranks at once (``side_by_side``).
+communication on nodes behind slow uplinks (``nodes``); problems reported on PyTorch's and Accelerate's
+trackers, broken and fixed (``reported_problems``); independent runs on several sets of ranks at once
+(``side_by_side``).
 May import everything below the plots and widgets; nothing below imports it.
 """
 

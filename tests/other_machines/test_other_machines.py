@@ -42,7 +42,7 @@ SECONDS = {
     "01_quickstart": 8, "02_anatomy_of_a_hook": 7, "03_fp16_vs_bf16": 6, "04_powersgd": 28, "05_accelerate": 8,
     "06_dashboard": 15, "07_write_your_own_hook": 7, "08_when_compression_pays_off": 53, "10_precision_at_scale": 11,
     "11_hooks_in_the_real_world": 30, "12_communicate_less_often": 28, "13_from_lab_to_production": 14,
-    "14_nodes_on_a_laptop": 30, "template_your_lab": 4,
+    "14_nodes_on_a_laptop": 30, "template_your_lab": 4, "problems_people_report": 15,
 }  # fmt: skip
 
 
