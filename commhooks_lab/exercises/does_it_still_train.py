@@ -56,33 +56,23 @@ def _against_average(grads, residuals, compress):
     return average
 
 
-def _raw_gradient(grads, residuals, compress):
-    sent = []
-    for g, e in zip(grads, residuals):
-        s = compress(g + e)
-        e.copy_(g - s)  # the gradient alone, not the corrected one
-        sent.append(s)
-    return sum(sent) / len(sent)
+def _per_rank(keep: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]) -> Callable:
+    """A step that sends C(g + e) from each rank and updates the residual by ``keep(e, g, c, sent)``."""
+
+    def step(grads: list, residuals: list, compress: Compress) -> torch.Tensor:
+        sent = []
+        for g, e in zip(grads, residuals):
+            c = g + e
+            sent.append(compress(c))
+            keep(e, g, c, sent[-1])
+        return sum(sent) / len(sent)
+
+    return step
 
 
-def _flipped(grads, residuals, compress):
-    sent = []
-    for g, e in zip(grads, residuals):
-        c = g + e
-        s = compress(c)
-        e.copy_(s - c)
-        sent.append(s)
-    return sum(sent) / len(sent)
-
-
-def _piles_up(grads, residuals, compress):
-    sent = []
-    for g, e in zip(grads, residuals):
-        c = g + e
-        s = compress(c)
-        e.add_(c - s)
-        sent.append(s)
-    return sum(sent) / len(sent)
+_raw_gradient = _per_rank(lambda e, g, c, s: e.copy_(g - s))  # the gradient alone, not the corrected one
+_flipped = _per_rank(lambda e, g, c, s: e.copy_(s - c))
+_piles_up = _per_rank(lambda e, g, c, s: e.add_(c - s))
 
 
 def _shared(grads, residuals, compress):
