@@ -28,7 +28,7 @@ def error_feedback_step(grads: list, residuals: list, compress: Compress) -> tor
         kept = compress(corrected)
         residual.copy_(corrected - kept)
         sent.append(kept)
-    return sum(sent) / len(sent)
+    return torch.stack(sent).mean(dim=0)
 
 
 def top1(tensor: torch.Tensor) -> torch.Tensor:
@@ -65,7 +65,7 @@ def _per_rank(keep: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Te
             c = g + e
             sent.append(compress(c))
             keep(e, g, c, sent[-1])
-        return sum(sent) / len(sent)
+        return torch.stack(sent).mean(dim=0)
 
     return step
 
