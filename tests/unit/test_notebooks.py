@@ -33,6 +33,7 @@ def test_the_curriculum_is_all_there():
         "dashboard",
         "write_your_own_hook",
         "when_compression_pays_off",
+        "does_it_still_train",
         "precision_at_scale",
         "hooks_in_the_real_world",
         "communicate_less_often",
