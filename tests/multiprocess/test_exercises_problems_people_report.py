@@ -47,6 +47,20 @@ def tolerant(grad):
     return bool(torch.isclose(both[0], -both[1]))
 
 
+def in_float32(grad):  # the reference's exact comparison, on a float32 norm
+    norm = grad.norm()
+    both = torch.stack([norm, -norm])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return bool(both[0] == -both[1])
+
+
+def mean_of_norms(grad):  # the average norm against a rank's own: the sum rounds at 3 ranks
+    norm = grad.double().norm()
+    total = norm.clone()
+    dist.all_reduce(total)
+    return bool(total / dist.get_world_size() == norm)
+
+
 def gathered(grad):  # right verdicts, the whole gradient sent
     every = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
     dist.all_gather(every, grad)
@@ -70,6 +84,8 @@ def test_the_reference_passes_at_every_size(clusters):
         (rank0s_view, "every rank must reach the same verdict"),
         (largest_only, "every rank must reach the same verdict"),
         (tolerant, "not within a tolerance"),
+        (in_float32, "in float64"),
+        (mean_of_norms, "not a sum that rounds"),
         (gathered, "send a number or two"),
     ],
     ids=lambda v: getattr(v, "__name__", "hint"),
