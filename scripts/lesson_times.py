@@ -27,11 +27,14 @@ WORDS_PER_MINUTE = 238
 #: What the plan allows for each exercise on top of the floor: an allowance, not a measurement.
 EXERCISE_MINUTES = 5
 _EXERCISE = re.compile(r"^## Exercise", re.M)
-_RUN_ROW = re.compile(r"^\| (\d\d) [^|]*\| (\d+)(?:–\d+)? s", re.M)
+_RUN_ROW = re.compile(r"^\| (\d\d|problems people report) [^|]*\| (\d+)(?:–\d+)? s", re.M)
+#: The course's chapters outside the numbered sequence, with the name the plans and the run-time table give them.
+CHAPTERS = {"problems_people_report": "problems people report"}
 
 
 def run_seconds() -> dict[str, int]:
-    """Each notebook's run time with portable numerics, from the "Run times" table: ``{"01": 8, ...}``."""
+    """Each notebook's run time with portable numerics, from the "Run times" table: ``{"01": 9, ...}``, and the
+    chapters outside the sequence under their names (:data:`CHAPTERS`)."""
     return {number: int(seconds) for number, seconds in _RUN_ROW.findall(TEACHING.read_text(encoding="utf-8"))}
 
 
@@ -39,7 +42,7 @@ def lesson(path: Path, wpm: int = WORDS_PER_MINUTE) -> dict:
     """One notebook's words, exercises, run time and floor in minutes (reading plus running, rounded up)."""
     text = markdown_of(path)
     count = sum(words(s) for s in sentences(text))
-    seconds = run_seconds().get(path.name[:2], 0)
+    seconds = run_seconds().get(CHAPTERS.get(path.stem, path.name[:2]), 0)
     return {
         "notebook": path.stem,
         "words": count,
@@ -50,7 +53,8 @@ def lesson(path: Path, wpm: int = WORDS_PER_MINUTE) -> dict:
 
 
 def lessons(wpm: int = WORDS_PER_MINUTE) -> list[dict]:
-    return [lesson(path, wpm) for path in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))]
+    paths = [*sorted((ROOT / "notebooks").glob("[0-9]*.ipynb")), *(ROOT / "notebooks" / f"{c}.ipynb" for c in CHAPTERS)]
+    return [lesson(path, wpm) for path in paths]
 
 
 def main(argv: list[str] | None = None) -> int:
