@@ -194,7 +194,7 @@ def check_private_network() -> Check:
 
 
 def check_links() -> Check:
-    """Can this machine put ranks behind rate-limited links (notebooks 8 and 12)? If not, which sections replay
+    """Can this machine put ranks behind rate-limited links (notebooks 8, 12 and 14)? If not, which sections replay
     recorded runs instead, and the way out."""
     from .studies.recorded import links_report
 

@@ -72,16 +72,32 @@ def account(name: str) -> tuple[pwd.struct_passwd, bool]:
         return pwd.getpwnam(name), True
 
 
-def end_processes_of(user: pwd.struct_passwd, folder: Path) -> list[str]:
-    """SIGKILL the account's processes that still run from ``folder`` (this run's, left behind); their commands."""
-    ended = []
+def processes_of(user: pwd.struct_passwd, folder: Path) -> dict[int, str]:
+    """The account's processes that run from ``folder``: pid -> command."""
+    found = {}
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and entry.stat().st_uid == user.pw_uid:
                 command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
                 if str(folder) in command:
-                    os.kill(int(entry.name), signal.SIGKILL)
-                    ended.append(f"{entry.name}: {command[:200]}")
+                    found[int(entry.name)] = command
+        except OSError:
+            pass
+    return found
+
+
+def end_processes_of(user: pwd.struct_passwd, folder: Path, grace_s: float = 10.0) -> list[str]:
+    """SIGKILL the account's processes that still run from ``folder`` after ``grace_s`` (this run's, left behind);
+    their commands. The grace: a forkserver whose pytest worker has exited ends when it reads the closed pipe, a
+    second or two later, and is not left behind."""
+    deadline = time.monotonic() + grace_s
+    while processes_of(user, folder) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ended = []
+    for pid, command in processes_of(user, folder).items():
+        try:
+            os.kill(pid, signal.SIGKILL)
+            ended.append(f"{pid}: {command[:200]}")
         except OSError:
             pass
     return ended

@@ -7,7 +7,7 @@ unprivileged user namespaces, so the lab's private network cannot be made there.
 ``unshare -r`` gives it a user namespace of its own, whose ``user.max_user_namespaces`` it sets to 0, which refuses
 every namespace below (a nested ``unshare`` fails with ENOSPC; Docker's gives EPERM). It checks that a nested
 ``unshare -r`` really fails, then runs this interpreter's pytest, with the project's nbval options, on notebook 1
-(the quick start) and notebook 8 (whose section 7 needs a real link). Nothing is left: the namespace goes with
+(the quick start) and notebook 8 (whose section 6 needs a real link). Nothing is left: the namespace goes with
 its last process.
 """
 

@@ -2,6 +2,7 @@ import atexit
 import os
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -180,11 +181,17 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def load_script(name: str):
-    """``scripts/<name>.py`` as a module, for tests of a script's functions."""
+    """``scripts/<name>.py`` as a module, for tests of a script's functions. The scripts folder is on ``sys.path``
+    while it loads, as it is when the script runs: scripts import their helpers (``_smoke``) from beside them."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(scripts))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(scripts))
     return module

@@ -78,6 +78,14 @@ def _verify_kwargs(fn) -> str | None:
     unknown = sorted(set(options) - set(defaults))
     if unknown:
         return f"PowerSGDState takes no {unknown}: comm_state_option holds PowerSGDState's keyword arguments."
+    not_whole = sorted(
+        k for k in ("matrix_approximation_rank", "start_powerSGD_iter") if k in options and type(options[k]) is not int
+    )
+    if not_whole:
+        return (
+            f"{', '.join(not_whole)} must be a whole number (an int, not {type(options[not_whole[0]]).__name__}): "
+            "PowerSGD sizes its matrices and counts its steps with them."
+        )
     if options.get("matrix_approximation_rank", defaults["matrix_approximation_rank"]) != MATRIX_RANK:
         return f"PowerSGD's matrix rank should be {MATRIX_RANK}, as in the guide's comm_state_option example."
     start = options.get("start_powerSGD_iter", defaults["start_powerSGD_iter"])
@@ -109,7 +117,8 @@ def check_combined_kwargs(attempt) -> Outcome:
     ("swapped"); plain strings, which Accelerate silently ignores ("no hook is registered"); the wrapper NO
     ("wraps PowerSGD"); BATCHED_POWER_SGD ("not the hook"); matrix rank left at 1 ("matrix rank should be 2");
     another default changed ("other defaults"); an argument PowerSGDState does not take ("PowerSGDState takes
-    no"); a dict instead of the dataclass ("return a DistributedDataParallelKwargs").
+    no"); a float where PowerSGD needs an int ("a whole number"); a dict instead of the dataclass ("return a
+    DistributedDataParallelKwargs").
     """
     return check_function(
         "combined_kwargs",

@@ -175,7 +175,12 @@ def _verify_both_formats(fn, cluster, steps: int) -> str | None:
         except Exception as exc:  # mixed 16-bit dtypes in one collective raise
             problem = f"your code raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}."
         if problem is not None:
-            problem = f"with state.dtype = torch.float16, {problem} Use state.dtype, not a format of your choice."
+            # bfloat16 hard-coded is right on the bfloat16 run only; a slip that W = 4 hides in bfloat16 (divide
+            # after the sum: a power of two divides exactly) shows here too, so the hint says "if"
+            problem = (
+                f"with state.dtype = torch.float16, {problem} If your hook names a 16-bit format itself, "
+                "use state.dtype instead."
+            )
     return problem
 
 
@@ -185,7 +190,7 @@ def check_wire16_hook(attempt, cluster=None, steps: int = 2) -> Outcome:
     Wrong answers it recognises, each told by its own hint: a plain 16-bit all-reduce ("Yours hands less"); float32
     on the wire ("Yours hands more"); the sum in 16 bits ("add the received pieces in float32"); the division after
     the sum ("divide by W after the sum"); no division ("W times the mean"); bfloat16 hard-coded, right on the
-    bfloat16 run only ("Use state.dtype"); ranks that end apart ("the ranks disagree"); a hook that raises ("your
+    bfloat16 run only ("use state.dtype"); ranks that end apart ("the ranks disagree"); a hook that raises ("your
     code raised"). Another rounding gets the general hint ("same bytes, other rounding").
     """
     return check_function(

@@ -1,9 +1,11 @@
 """Studies that answer one question each, built on the notebook API: convergence over seeds and the headroom
-test (``convergence``), bytes and time by rule (``network``), precision at scale (``precision``), the
-``torch.compile`` matrix (``compile_matrix``), what runs here (``availability``), overlap with backward
-(``overlap``), gradient accumulation (``accumulation``), syncing every H steps (``low_communication``) and
-time behind real slow links (``links``), flat against hierarchical communication on nodes behind slow uplinks
-(``nodes``); independent runs on several sets of ranks at once (``side_by_side``).
+test (``convergence``), bytes and time by rule (``network``), precision at scale (``precision``), mixed
+precision with hooks (``mixed_precision``), the ``torch.compile`` matrix (``compile_matrix``), what runs here
+(``availability``), overlap with backward (``overlap``), gradient accumulation (``accumulation``), syncing every
+H steps (``low_communication``) and time behind real slow links (``links``), flat against hierarchical
+communication on nodes behind slow uplinks (``nodes``); problems reported on PyTorch's and Accelerate's
+trackers, broken and fixed (``reported_problems``); independent runs on several sets of ranks at once
+(``side_by_side``).
 May import everything below the plots and widgets; nothing below imports it.
 """
 
@@ -20,10 +22,12 @@ _MODULES = (
     "convergence",
     "links",
     "low_communication",
+    "mixed_precision",
     "network",
     "nodes",
     "overlap",
     "precision",
+    "reported_problems",
     "side_by_side",
 )
 

@@ -103,9 +103,9 @@ def accumulation_table(
     from ..launcher import Ranks, RankSpec
 
     rows = []
-    with Ranks(cluster, fresh=cluster is None) as ranks:  # yours, else ranks of its own
-        two = ranks(RankSpec(2))
+    with Ranks(cluster, fresh=cluster is None) as ranks:  # yours (any size), else two ranks of its own
+        on = ranks(RankSpec(2 if cluster is None else cluster.world_size))
         for hook in hooks:
             for k in micro_batches:
-                rows += two.run(_rank_accumulate, hook, k, steps, static_graph, warm_sync)[0]
+                rows += on.run(_rank_accumulate, hook, k, steps, static_graph, warm_sync)[0]
     return pd.DataFrame(rows)

@@ -280,7 +280,8 @@ def _pytorch_only() -> dict[str, dict]:
 #: torch.accelerator and says "CUDA/XPU".
 SAID_THE_SAME_WAY = {
     "ValueError: Default group size only takes effect when": (
-        "ValueError: new_subgroups() without group_size makes one subgroup per machine's GPUs, and there is no GPU"
+        "ValueError (in the lab's words): new_subgroups() without group_size makes one subgroup per machine's GPUs, "
+        "and there is no GPU"
     ),
 }
 

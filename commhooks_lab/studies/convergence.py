@@ -1,4 +1,4 @@
-"""Ready-made line-ups for the questions notebook 8 asks, each one ``compare`` call away.
+"""Ready-made line-ups for the questions notebooks 8 and 9 ask, each one ``compare`` call away.
 
 - :func:`headroom_study`: PyTorch's headroom test (``noop``: no communication at all) next to DDP's
   own all-reduce, the allreduce hook and fp16, timed step by step.

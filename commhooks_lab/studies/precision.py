@@ -45,7 +45,7 @@ UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
 
 @contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
+def one_thread() -> Iterator[None]:
     """The ranks run with one thread; so must the replay, for bit-identical gradients."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -64,7 +64,7 @@ def local_gradients(model: str = "mlp", world_size: int = 8, batch_size: int = 3
     from ..engine.models import build_task
 
     rows = []
-    with _one_thread():
+    with one_thread():
         for rank in range(world_size):
             task = build_task(model, seed)
             x, y = next(rank_batches(task.train, rank, world_size, batch_size, seed))

@@ -137,7 +137,7 @@ def code_digest(notebook: Mapping[str, Any]) -> str:
 
 def link_sections() -> list[str]:
     """The course's sections whose code asks for a real link, found in the notebooks themselves:
-    ``"notebook 8, 7. On real slow links: ..."`` (the heading above the first such cell of each section)."""
+    ``"notebook 8, 6. On real slow links: ..."`` (the heading above the first such cell of each section)."""
     from ..course import course_root
 
     found = []

@@ -48,7 +48,7 @@ def fp32_wire(state, bucket):  # plausible and wrong: the same collectives, in f
         (sums_in_bf16, "add the received pieces in float32"),
         (scaffolded(lambda b, w: b, lambda rows, w, dtype: (rows.float().sum(0) / w).to(dtype)), "after the sum"),
         (scaffolded(lambda b, w: b), "W times the mean"),
-        (scaffolded(lambda b, w: (b / w).bfloat16()), "Use state.dtype"),  # right on the bfloat16 run only
+        (scaffolded(lambda b, w: (b / w).bfloat16()), "use state.dtype"),  # right on the bfloat16 run only
         (scaffolded(lambda b, w: b / w, gather=False), "the ranks disagree"),
     ],
     ids=["bf16_allreduce", "fp32_wire", "sums_in_bf16", "divide_after", "no_divide", "hard_coded_bf16", "no_gather"],

@@ -114,6 +114,16 @@ def test_a_steps_statistics_keep_the_compressing_steps_after_warm_up():
     )
 
 
+def test_a_link_held_its_rate_on_its_fastest_transfer_and_an_old_recording_falls_back_to_the_median():
+    """A stall on a busy machine only slows a transfer: of two, one stalled, the link still held its rate. CI, where
+    notebook 8's median of two transfers came out more than 15 % under 200 Mbit/s, ran beside other work."""
+    stalled = {**_link("200mbit", 0.2), "wire_gbps": 0.15, "wire_gbps_best": 0.19}
+    recorded_before = {**_link("10mbit", 0.01), "wire_gbps": 0.0095}
+    table = links.LinkTimes([stalled, recorded_before], pd.DataFrame(), {}).link_table().set_index("link")
+    assert table.loc["200mbit", "achieved_vs_set"] == pytest.approx(0.95)
+    assert table.loc["10mbit", "achieved_vs_set"] == pytest.approx(0.95)
+
+
 @needs_links
 def test_a_timed_study_measures_its_links_and_every_hook_behind_each():
     hooks = {"allreduce": "allreduce", "fp16": "fp16"}

@@ -54,7 +54,7 @@ def test_accelerate_registers_the_hook_plain_pytorch_would(three):
     assert runs[0].final["param_digests"] == runs[1].final["param_digests"]
 
 
-def test_the_ring_on_three_real_ranks_is_notebook_9s_replay(three):
+def test_the_ring_on_three_real_ranks_is_notebook_10s_replay(three):
     """Notebook 10: real ranks round as the replay does, in float16 too, so the replay's bound checks are theirs."""
     grads = precision.local_gradients("mlp", W)
     exact = grads.double().mean(dim=0)

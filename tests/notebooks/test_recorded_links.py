@@ -168,7 +168,7 @@ def test_each_recording_was_made_by_its_notebooks_code_and_each_section_behind_a
     notebooks = course_root() / "notebooks"
     kept = {path.stem: json.loads(path.read_text()) for path in recorded.DIRECTORY.glob("*.json")}
     sections = recorded.link_sections()
-    assert len(sections) == 4 and sections[0].startswith("notebook 8, 7. On real slow links"), sections
+    assert len(sections) == 4 and sections[0].startswith("notebook 8, 6. On real slow links"), sections
     assert sections[2:] == [
         "notebook 14, 1. Two nodes on a laptop",
         "notebook 14, 5. Overlap: a hook that does not wait",
@@ -184,7 +184,7 @@ def test_each_recording_was_made_by_its_notebooks_code_and_each_section_behind_a
 def test_doctor_is_told_the_sections_and_the_way_out_only_where_links_are_refused(monkeypatch, refused):
     report = recorded.links_report()
     assert report is not None
-    assert CAUSE in report["seen"] and "notebook 8, 7. On real slow links" in report["seen"]
+    assert CAUSE in report["seen"] and "notebook 8, 6. On real slow links" in report["seen"]
     assert "notebook 12, Time to accuracy behind a real slow link" in report["seen"]
     assert report["advice"].startswith(WAY_OUT)
     for way in ("kernel.apparmor_restrict_unprivileged_userns=0", "--security-opt seccomp=unconfined",

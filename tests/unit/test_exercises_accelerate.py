@@ -47,6 +47,8 @@ def test_kwargs_not_attempted(capsys):
         (kwargs(start_powerSGD_iter=3), "matrix rank should be 2"),
         (kwargs(**RIGHT_OPTIONS, use_error_feedback=False), "other defaults"),
         (kwargs(**RIGHT_OPTIONS, rank=2), "PowerSGDState takes no"),
+        (kwargs(matrix_approximation_rank=2.0, start_powerSGD_iter=3), "a whole number"),  # sizes PowerSGD's matrices
+        (kwargs(matrix_approximation_rank=2, start_powerSGD_iter=3.0), "a whole number"),
         (lambda: {"comm_hook": Hook.POWER_SGD}, "return a DistributedDataParallelKwargs"),
     ],
 )

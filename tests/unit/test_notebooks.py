@@ -33,6 +33,7 @@ def test_the_curriculum_is_all_there():
         "dashboard",
         "write_your_own_hook",
         "when_compression_pays_off",
+        "does_it_still_train",
         "precision_at_scale",
         "hooks_in_the_real_world",
         "communicate_less_often",
@@ -203,3 +204,17 @@ def test_every_link_to_a_heading_finds_it_as_jupyterlab_names_it():
             if anchor not in anchors(linked):
                 broken.append(f"{path.name} -> {target or '(itself)'}#{anchor}")
     assert broken == []
+
+
+#: Issue 50's limit for the two chapters a review found longest: at most this many words of markdown
+#: (``\S+`` runs), so that a lesson that grows past it is split or cut, not left to sprawl.
+LONGEST_CHAPTERS = ("08_when_compression_pays_off", "13_from_lab_to_production")
+MAX_WORDS = 2000
+
+
+@pytest.mark.parametrize("stem", LONGEST_CHAPTERS)
+def test_the_longest_chapters_stay_within_their_words(stem):
+    import re
+
+    words = sum(len(re.findall(r"\S+", source(c))) for c in cells(ROOT / "notebooks" / f"{stem}.ipynb", "markdown"))
+    assert words <= MAX_WORDS, f"{stem}: {words} words of markdown, over {MAX_WORDS}: split a section out or cut"
