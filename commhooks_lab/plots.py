@@ -18,6 +18,7 @@ __all__ = [
     "accuracy_over_time",
     "bytes_by_model",
     "bytes_by_world_size",
+    "challenge_scores",
     "convergence_seeds",
     "error_feedback",
     "gradient_agreement",
@@ -371,6 +372,34 @@ def bytes_by_world_size(sweep: pd.DataFrame, title: str | None = None) -> Figure
     )
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, alpha=0.3)
+    return fit_titles(fig)
+
+
+def challenge_scores(scores: Iterable[Any], title: str | None = None) -> Figure:
+    """The hook challenge's entries (``lab.challenge`` Scores), one panel per task: speed against accuracy, and
+    dotted curves of equal points (accuracy x speed): an entry gains by moving right or up, and only the product
+    counts. Disqualified entries have no points and are left out."""
+    scored = [s for s in scores if s.value is not None]
+    tasks = [t["task"] for t in scored[0].tasks] if scored else []
+    fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(7 * max(len(tasks), 1), 5), constrained_layout=True,
+                             squeeze=False)  # fmt: skip
+    for ax, task in zip(axes[0], tasks):
+        speed = np.linspace(1.0, 2.0, 101)
+        for level in (0.8, 1.0, 1.2, 1.4, 1.6, 1.8):
+            ax.plot(speed, level / speed, color="gray", linestyle=":", linewidth=0.8)
+            ax.annotate(f"{level:g}", (2.0, level / 2.0), fontsize="x-small", color="gray", xytext=(3, 0),
+                        textcoords="offset points", va="center")  # fmt: skip
+        for s in scored:
+            part = next(t for t in s.tasks if t["task"] == task)
+            ax.plot(part["speed"], part["accuracy"], marker="o", linestyle="none", label=s.label)
+        ax.set(xlim=(0.95, 2.1), ylim=(0.0, 1.0), xlabel="speed: 2 t_allreduce / (t_allreduce + t_hook)",
+               ylabel="test accuracy after the last step",
+               title=f"{task}: on a dotted curve, equal points")  # fmt: skip
+        ax.grid(True, alpha=0.3)
+    if tasks:
+        axes[0][-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.08, 1.0))
+    if title:
+        fig.suptitle(title)
     return fit_titles(fig)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 # torch and pandas load when a score runs.
 from .leaderboard import leaderboard
 from .sandbox import Budget, score_file
-from .score import BASELINES, FORMULA, Score, score
+from .score import BASELINES, FORMULA, Score, baselines, score, table
 from .screen import screen
 from .tasks import REFERENCE_NETWORK, TASKS, ChallengeTask
 
@@ -31,9 +31,11 @@ __all__ = [
     "FORMULA",
     "REFERENCE_NETWORK",
     "Score",
+    "baselines",
     "TASKS",
     "leaderboard",
     "score",
     "score_file",
     "screen",
+    "table",
 ]

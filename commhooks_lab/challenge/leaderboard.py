@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .. import __version__
 from .sandbox import DEFAULT_BUDGET, Budget, isolation, score_submission
-from .score import BASELINES, FORMULA, Score
+from .score import BASELINES, FORMULA, Score, ranked
 from .submission import Submission, read_submission, submission_paths
 from .tasks import REFERENCE_NETWORK, TASK_SET, TASKS, ChallengeTask
 
@@ -24,11 +24,6 @@ _STYLE = (
     "td,th{border:1px solid #bbb;padding:.3em .6em;text-align:right;vertical-align:top}td.l,th.l{text-align:left}"
     "tr.out td{color:#888}code{font-size:90%}"
 )
-
-
-def ranked(scores: Sequence[Score]) -> list[Score]:
-    """Scored entries first, best first (ties by label), then the disqualified ones by label."""
-    return sorted(scores, key=lambda s: (s.value is None, -(s.value or 0.0), s.label))
 
 
 def _parts(score: Score) -> str:
@@ -49,7 +44,7 @@ def render(scores: Sequence[Score], isolation_note: str) -> str:
         '<html lang="en"><head><meta charset="utf-8"><title>Hook challenge leaderboard</title>',
         f"<style>{_STYLE}</style></head><body>",
         "<h1>Hook challenge leaderboard</h1>",
-        f"<p>Task set <code>{TASK_SET}</code>: "
+        f"<p>Task set <code>{html.escape(' / '.join(sorted({s.task_set for s in scores}) or [TASK_SET]))}</code>: "
         + ", ".join(f"{t.model} ({t.steps} steps, seed {t.seed}, {t.world_size} ranks)" for t in TASKS)
         + f". commhooks_lab {html.escape(__version__)}.</p>",
         f"<p><code>{html.escape(FORMULA)}</code>. Reference network: {html.escape(REFERENCE_NETWORK.describe())}.</p>",

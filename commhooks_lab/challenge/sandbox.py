@@ -4,7 +4,7 @@ The scorer (this module's :func:`score_file`, in the learner's or instructor's p
 submission. It screens the source (:mod:`.screen`), copies it into a new private folder, and starts
 ``python -m commhooks_lab.challenge.sandbox FOLDER FD TASKS`` there:
 
-- in a session of its own (``setsid``), with ``resource.setrlimit`` budgets that its ranks inherit: address space
+- in a session of its own (``setsid``), with ``resource.setrlimit`` budgets that its ranks inherit: data memory
   (:attr:`Budget.memory_bytes`), CPU seconds, the size of any file it writes, no core files;
 - where user namespaces are allowed, under ``unshare --user --net --pid --fork --kill-child``: no network but its
   own loopback (its ranks then get the lab's private network inside it), and a PID namespace, so that every
@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..engine.seed_set import SEED_SET_VARIABLE
+from ..launcher import numerics
 from ..safe_files import Folder, parse_json
 from .score import Score, first_lines, lab_versions
 from .screen import screen
@@ -56,6 +58,10 @@ class Budget:
     memory_bytes: int = 3 << 30
     file_bytes: int = 64 << 20
 
+
+#: The variables a score's bits depend on (the seed set, the numerics mode, the kernels ATen, MKL and oneDNN pick,
+#: the threads): a sandbox keeps the scorer's, so that it scores what the learner's kernel scores.
+_BITS_DEPEND_ON = (SEED_SET_VARIABLE, numerics.MODE_VARIABLE, *numerics.PORTABLE_VARIABLES, *numerics.ONE_THREAD)
 
 #: The budget every submission gets unless a caller (a test) gives another.
 DEFAULT_BUDGET = Budget()
@@ -107,7 +113,10 @@ def isolation() -> tuple[bool, str]:
 def _limits(budget: Budget):
     def apply() -> None:
         os.setsid()
-        resource.setrlimit(resource.RLIMIT_AS, (budget.memory_bytes, budget.memory_bytes))
+        # RLIMIT_DATA, not RLIMIT_AS: a CUDA build of torch maps gigabytes of libraries (address space, not
+        # memory) and failed to score fp16 under a 3 GiB RLIMIT_AS; the data limit counts the heap and private
+        # anonymous mappings (Linux 4.7+), where tensors live
+        resource.setrlimit(resource.RLIMIT_DATA, (budget.memory_bytes, budget.memory_bytes))
         cpu = int(budget.wall_s) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
         resource.setrlimit(resource.RLIMIT_FSIZE, (budget.file_bytes, budget.file_bytes))
@@ -189,6 +198,9 @@ def score_submission(
             "PYTHONDONTWRITEBYTECODE": "1",
             "COMMHOOKS_LAB_PREWARM": "0",
             "LANG": "C.UTF-8",
+            # what the score's bits depend on, as in the learner's own kernel: a notebook under another seed set,
+            # numerics mode or kernel choice and its sandbox then agree (the first two named in the score)
+            **{k: os.environ[k] for k in _BITS_DEPEND_ON if k in os.environ},
         }
         read_end, write_end = os.pipe()
         spec = json.dumps([dataclasses.asdict(t) for t in tasks] + [{"stall_s": budget.stall_s}])

@@ -22,13 +22,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .tasks import REFERENCE_NETWORK, TASK_SET, TASKS, ChallengeTask, ReferenceNetwork
 
-__all__ = ["BASELINES", "FORMULA", "Score", "first_lines", "points", "score", "speed"]
+__all__ = ["BASELINES", "FORMULA", "Score", "baselines", "first_lines", "points", "ranked", "score", "speed", "table"]
 
 FORMULA = (
     "score = 100 x mean over tasks of (accuracy x speed); speed = 2 t_allreduce / (t_allreduce + t_hook), "
@@ -255,7 +256,7 @@ def score(
     """
     from ..experiment import run
 
-    result = Score(label or _label(hook), network=network.describe(), versions=lab_versions())
+    result = Score(label or _label(hook), network=network.describe(), task_set=task_set_name(), versions=lab_versions())
     for task in tasks:
         options: dict[str, Any] = {**task.run_options(), "state_options": dict(state_options or {})}
         if timeout_s is not None:
@@ -271,6 +272,42 @@ def score(
             result.disqualified = f"{why} (task {task.model})"
             return result
     return result
+
+
+def task_set_name() -> str:
+    """The task set's name, and the seed set where one is chosen (``COMMHOOKS_LAB_SEED_SET``): it moves every
+    task's seed, so its scores compare only with scores under the same one."""
+    from ..engine.seed_set import SEED_SET_VARIABLE, effective_seed
+
+    return TASK_SET if effective_seed(0) == 0 else f"{TASK_SET}, seed set {os.environ[SEED_SET_VARIABLE].strip()}"
+
+
+def ranked(scores: Sequence[Score]) -> list[Score]:
+    """Scored entries first, best first (ties by label), then the disqualified ones by label."""
+    return sorted(scores, key=lambda s: (s.value is None, -(s.value or 0.0), s.label))
+
+
+def baselines(
+    cluster=None, tasks: Sequence[ChallengeTask] = TASKS, network: ReferenceNetwork = REFERENCE_NETWORK
+) -> list[Score]:
+    """The lab's reference hooks (:data:`BASELINES`) scored, best first: what beating PowerSGD means."""
+    return ranked(
+        [score(spec, label=name, cluster=cluster, tasks=tasks, network=network) for name, spec in BASELINES.items()]
+    )
+
+
+def table(scores: Sequence[Score]):
+    """One row per entry: its score, then each task's accuracy, bytes per rank and speed (a DataFrame)."""
+    import pandas as pd
+
+    rows = []
+    for s in scores:
+        row: dict[str, Any] = {"entry": s.label, "score": s.value}
+        for t in s.tasks:
+            row |= {f"{t['task']} accuracy": t["accuracy"], f"{t['task']} bytes/rank": t["bytes_per_rank"],
+                    f"{t['task']} speed": t["speed"]}  # fmt: skip
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("entry")
 
 
 #: Where a rank's error message turns into its traceback: file paths and line numbers of this install, which

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 from .._util import import_object
+from .seed_set import effective_seed
 
 __all__ = [
     "build_task",
@@ -44,18 +44,6 @@ TASK_SUMMARIES = {
 #: The wide MLP's hidden width: 1024 x 1024 is the one large matrix, PowerSGD's best case for a matrix of its size.
 WIDE_HIDDEN = 1024
 LOWRANK_TRUE_RANK = 4
-#: ``COMMHOOKS_LAB_SEED_SET=k`` shifts every task seed by ``1000 * k`` (weights, data split, data order): re-run
-#: a notebook under another seed set to see which of its conclusions outlive the seeds it was written with.
-SEED_SET_VARIABLE = "COMMHOOKS_LAB_SEED_SET"
-SEED_SET_STRIDE = 1000
-
-
-def effective_seed(seed: int) -> int:
-    """The seed a task and its data really use: ``seed`` shifted by the seed set (0 unless one is chosen)."""
-    value = os.environ.get(SEED_SET_VARIABLE, "0").strip() or "0"
-    if not value.isdigit():
-        raise ValueError(f"{SEED_SET_VARIABLE}={value!r}: use a whole number >= 0 (0 is the notebooks' own seeds)")
-    return seed + SEED_SET_STRIDE * int(value)
 
 
 @dataclass

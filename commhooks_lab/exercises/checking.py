@@ -28,6 +28,7 @@ __all__ = [
     "choice_problem",
     "first_problem_by_world_size",
     "is_stub",
+    "listed",
     "reference",
     "reveal",
     "run_beside_reference",
@@ -207,6 +208,12 @@ def first_problem_by_world_size(
         else:
             return problem if world == world_sizes[0] else f"at {world} ranks: {problem}"
     return None
+
+
+def listed(world_sizes: Sequence[int]) -> str:
+    """(2, 3, 4) as "2, 3 and 4"."""
+    *most, last = map(str, world_sizes)
+    return f"{', '.join(most)} and {last}" if most else last
 
 
 def check_prediction(

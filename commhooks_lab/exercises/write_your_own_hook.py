@@ -22,6 +22,7 @@ from .checking import (
     Outcome,
     check_function,
     first_problem_by_world_size,
+    listed,
     reference,
     run_beside_reference,
     say,
@@ -334,14 +335,8 @@ def check_topk_ef_hook(attempt, cluster=None, steps: int = 6, world_sizes=WORLD_
         attempt,
         verify,
         f"Same bytes and the same error as the reference at every one of {steps} steps, error feedback on and off, "
-        f"on one bucket, three, and one per parameter; at {_listed(world_sizes)} ranks; the ranks agree.",
+        f"on one bucket, three, and one per parameter; at {listed(world_sizes)} ranks; the ranks agree.",
     )
-
-
-def _listed(world_sizes) -> str:
-    """(2, 3, 4) as "2, 3 and 4"."""
-    *most, last = map(str, world_sizes)
-    return f"{', '.join(most)} and {last}" if most else last
 
 
 def check_sign_ef_hook(attempt, cluster=None, steps: int = 6, world_sizes=WORLD_SIZES) -> Outcome:
@@ -374,7 +369,7 @@ def check_sign_ef_hook(attempt, cluster=None, steps: int = 6, world_sizes=WORLD_
         attempt,
         lambda fn: first_problem_by_world_size(lambda ranks: at(fn, ranks), cluster, world_sizes),
         f"Same bytes and the same error as the reference at every one of {steps} steps, on one bucket, three, and "
-        f"one per parameter; at {_listed(world_sizes)} ranks; the ranks agree.",
+        f"one per parameter; at {listed(world_sizes)} ranks; the ranks agree.",
     )
 
 

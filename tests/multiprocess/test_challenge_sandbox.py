@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from commhooks_lab.challenge.leaderboard import PAGE, build, leaderboard
-from commhooks_lab.challenge.sandbox import Budget
+from commhooks_lab.challenge.sandbox import Budget, score_file
 from commhooks_lab.challenge.score import score
 from commhooks_lab.challenge.tasks import ChallengeTask
 
@@ -58,6 +58,19 @@ def test_the_same_folder_gives_the_same_page_and_a_learner_their_own_score(tmp_p
     own = score(fp16_by_hand.hook, tasks=TASKS, cluster=cluster)
     assert own.value is not None and own.fingerprint == scores["fp16_by_hand"].fingerprint
     assert own.fingerprint in page
+
+
+def test_under_another_seed_set_the_sandbox_scores_what_the_learner_scores(monkeypatch):
+    """The sandbox's clean environment keeps what the bits depend on: a learner under a seed set, and their
+    sandbox, score the same task set (named so) to the same fingerprint. (Ranks read the seed set when they
+    start, as a notebook's do when Jupyter starts with it: fresh ones here.)"""
+    monkeypatch.setenv("COMMHOOKS_LAB_SEED_SET", "1")
+    from challenge_submissions import fp16_by_hand
+
+    sandboxed = score_file(SUBMISSIONS / "fp16_by_hand.py", tasks=TASKS, budget=BUDGET)
+    own = score(fp16_by_hand.hook, tasks=TASKS, fresh=True)
+    assert own.task_set.endswith("seed set 1") and sandboxed.task_set == own.task_set
+    assert own.fingerprint == sandboxed.fingerprint
 
 
 def test_what_gets_past_the_screen_meets_the_budgets(tmp_path):

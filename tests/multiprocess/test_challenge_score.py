@@ -3,7 +3,9 @@ hook sends counted, and a hook that breaks DDP's invariant disqualified with the
 
 import pytest
 
-from commhooks_lab.challenge.score import BASELINES, Score, points, score
+from commhooks_lab import plots
+from commhooks_lab.challenge.score import BASELINES, Score, points, score, table
+from commhooks_lab.challenge.score import baselines as score_baselines
 from commhooks_lab.challenge.tasks import ChallengeTask
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
@@ -15,7 +17,8 @@ CNN_PARAMETERS = 9930  # conv16 (160) + conv32 (4,640) + linear (5,130)
 
 @pytest.fixture(scope="module")
 def baselines(cluster):
-    return {name: score(spec, tasks=CNN, cluster=cluster) for name, spec in BASELINES.items()}
+    """Every baseline, best first (as ``lab.challenge.baselines`` ranks them), by name."""
+    return {s.label: s for s in score_baselines(cluster=cluster, tasks=CNN)}
 
 
 def test_the_baselines_rank_as_the_formula_says(baselines):
@@ -27,8 +30,27 @@ def test_the_baselines_rank_as_the_formula_says(baselines):
     assert baselines["all-reduce"].tasks[0]["speed"] == 1.0  # the reference is all-reduce's own bytes and calls
     assert baselines["all-reduce"].tasks[0]["bytes_per_rank"] == 4 * CNN_PARAMETERS * 30
     assert baselines["fp16"].tasks[0]["bytes_per_rank"] * 2 == baselines["all-reduce"].tasks[0]["bytes_per_rank"]
-    order = sorted(baselines, key=lambda name: baselines[name].value)
-    assert order == ["all-reduce", "PowerSGD r1", "fp16", "PowerSGD r4", "top-k 1% + EF"]
+    assert list(baselines) == ["top-k 1% + EF", "PowerSGD r4", "fp16", "PowerSGD r1", "all-reduce"]
+    assert set(baselines) == set(BASELINES)
+
+
+def test_the_table_and_the_figure_show_each_entrys_parts(baselines):
+    scores = list(baselines.values())
+    frame = table(scores)
+    assert list(frame.index) == list(baselines)
+    for name, scored in baselines.items():
+        assert frame.loc[name, "score"] == scored.value and frame.loc[name, "cnn speed"] == scored.tasks[0]["speed"]
+    fig = plots.challenge_scores([*scores, Score("refused", disqualified="import os")])
+    (ax,) = fig.axes
+    drawn = {
+        line.get_label(): (line.get_xdata()[0], line.get_ydata()[0]) for line in ax.lines if line.get_marker() == "o"
+    }
+    assert drawn == {name: (s.tasks[0]["speed"], s.tasks[0]["accuracy"]) for name, s in baselines.items()}
+    curves = [line for line in ax.lines if line.get_linestyle() == ":"]
+    for curve in curves:  # each dotted curve is one number of points: accuracy x speed constant along it
+        product = curve.get_xdata() * curve.get_ydata()
+        assert product.max() - product.min() < 1e-12
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(baselines)
 
 
 def test_a_score_is_the_same_bits_twice_and_survives_its_json(cluster, baselines):

@@ -1,5 +1,5 @@
 """Other CPUs, for real: ranks under an emulated Intel Haswell and an emulated AMD EPYC (AVX2, no AVX-512) give
-this machine's numbers bit for bit.
+this machine's numbers bit for bit, and the hook challenge's scores and leaderboard page made from them.
 
 qemu-user runs each rank's interpreter as if on the other CPU (``torch.backends.cpu.get_cpu_capability()`` there
 says AVX2, and the CPU's vendor is the model's: GenuineIntel or AuthenticAMD, which MKL reads). What worked: this
@@ -137,3 +137,20 @@ def test_ranks_on_emulated_intel_and_amd_cpus_give_this_machines_numbers_bit_for
     assert sorted(log.read_text().split()) == sorted(CPUS)
     for name in CASES:
         assert_same_run(runs[name], native[name])
+    # the hook challenge's scores and leaderboard page, made from each side's runs: the same page, byte for byte
+    assert _leaderboard_page(runs) == _leaderboard_page(native)
+
+
+def _leaderboard_page(runs) -> str:
+    """The challenge's page for the MLP cases, scored from ``runs`` as the challenge scores its own runs."""
+    from commhooks_lab.challenge.leaderboard import render
+    from commhooks_lab.challenge.score import Score, lab_versions, ranked, score_task
+    from commhooks_lab.challenge.tasks import ChallengeTask
+
+    scores = []
+    for name in ("mlp fp16", "mlp power_sgd r1"):
+        scored = Score(name, versions=lab_versions())
+        scored.tasks.append(score_task(runs[name], ChallengeTask("mlp", steps=STEPS)))
+        assert scored.value is not None, scored.disqualified
+        scores.append(scored)
+    return render(ranked(scores), "ranks under qemu-x86_64 or native")

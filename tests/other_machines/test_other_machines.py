@@ -37,14 +37,15 @@ PARTS = 3
 #: the work: the halves were every other notebook, and one held notebooks 4, 6, 8, 11 and 13, twice the other's
 #: seconds (146 s against 73 s), so the suite took about a minute longer every other day. Notebook 11 measured again
 #: 2026-12-07 (--durations), after its compile matrix came to share Dynamo's caches within a mode: 40 -> 30 s.
-#: Notebook 14: 30 s under -n0 (2026-12-07, twice). Notebook 8 split in two (2026-12-07, -n0, a machine at load 6-9):
+#: Notebook 14: 30 s under -n0 (2026-12-07, twice). Notebook 15: 21-23 s executed alone (2026-12-07; 25 s allowed
+#: for -n 2). Notebook 8 split in two (2026-12-07, -n0, a machine at load 6-9):
 #: 8 took 41-60 s without its convergence section, 9 (that section) 37 s.
 SECONDS = {
     "01_quickstart": 8, "02_anatomy_of_a_hook": 7, "03_fp16_vs_bf16": 6, "04_powersgd": 28, "05_accelerate": 8,
     "06_dashboard": 15, "07_write_your_own_hook": 7, "08_when_compression_pays_off": 45,
     "09_does_it_still_train": 37, "10_precision_at_scale": 11,
     "11_hooks_in_the_real_world": 30, "12_communicate_less_often": 28, "13_from_lab_to_production": 14,
-    "14_nodes_on_a_laptop": 30, "template_your_lab": 4, "problems_people_report": 15,
+    "14_nodes_on_a_laptop": 30, "15_the_hook_challenge": 25, "template_your_lab": 4, "problems_people_report": 15,
 }  # fmt: skip
 
 

@@ -39,6 +39,7 @@ def test_the_curriculum_is_all_there():
         "communicate_less_often",
         "from_lab_to_production",
         "nodes_on_a_laptop",
+        "the_hook_challenge",
     ]
     names = [p.stem for p in NOTEBOOKS]
     assert len(names) == len(topics) and all(topic in name for topic, name in zip(topics, names))
