@@ -3,6 +3,7 @@ none calls ``plt.show()`` (a notebook cell does, so that nbval sees a stable out
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -384,15 +385,17 @@ def challenge_scores(scores: Iterable[Any], title: str | None = None) -> Figure:
     fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(7 * max(len(tasks), 1), 5), constrained_layout=True,
                              squeeze=False)  # fmt: skip
     for ax, task in zip(axes[0], tasks):
+        parts = [(s.label, next(t for t in s.tasks if t["task"] == task)) for s in scored]
+        low = max(0.0, math.floor(10 * min(p["accuracy"] for _, p in parts) - 1) / 10)
         speed = np.linspace(1.0, 2.0, 101)
         for level in (0.8, 1.0, 1.2, 1.4, 1.6, 1.8):
             ax.plot(speed, level / speed, color="gray", linestyle=":", linewidth=0.8)
-            ax.annotate(f"{level:g}", (2.0, level / 2.0), fontsize="x-small", color="gray", xytext=(3, 0),
-                        textcoords="offset points", va="center")  # fmt: skip
-        for s in scored:
-            part = next(t for t in s.tasks if t["task"] == task)
-            ax.plot(part["speed"], part["accuracy"], marker="o", linestyle="none", label=s.label)
-        ax.set(xlim=(0.95, 2.1), ylim=(0.0, 1.0), xlabel="speed: 2 t_allreduce / (t_allreduce + t_hook)",
+            if level / 2.0 >= low + 0.02:  # labelled where the curve meets speed 2, inside the axes
+                ax.annotate(f"{level:.1f} points", (2.0, level / 2.0), fontsize="x-small", color="gray",
+                            xytext=(3, 0), textcoords="offset points", va="center")  # fmt: skip
+        for label, part in parts:
+            ax.plot(part["speed"], part["accuracy"], marker="o", linestyle="none", label=label)
+        ax.set(xlim=(0.95, 2.3), ylim=(low, 1.0), xlabel="speed: 2 t_allreduce / (t_allreduce + t_hook)",
                ylabel="test accuracy after the last step",
                title=f"{task}: on a dotted curve, equal points")  # fmt: skip
         ax.grid(True, alpha=0.3)

@@ -109,11 +109,14 @@ def state(path: Path, rows: list[dict]) -> None:
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     volatile = {}
-    for number, cell in enumerate(code):
-        stated = cell.metadata.pop(METADATA_KEY, {}).get("tolerance", {})
+    for number, cell in enumerate(code):  # a cell's tolerance is measured anew; its other lab metadata stays
+        ours = cell.metadata.get(METADATA_KEY, {})
+        stated = ours.pop("tolerance", {})
         if stated.get("volatile"):
             volatile[number] = stated["volatile"]
-            cell.metadata[METADATA_KEY] = {"tolerance": {"volatile": stated["volatile"]}}
+            ours["tolerance"] = {"volatile": stated["volatile"]}
+        if not ours:
+            cell.metadata.pop(METADATA_KEY, None)
     for row in rows:
         kernel = {k: v for k, v in row["moves"].items() if k != SEED_SET}
         if not kernel or any(k != SEED_SET for k in row["text"]):
@@ -122,15 +125,13 @@ def state(path: Path, rows: list[dict]) -> None:
         if SEED_SET in row["moves"]:
             measured[SEED_SET] = row["moves"][SEED_SET]
         rtol, atol = tolerance_from(measured)
-        code[row["cell"]].metadata[METADATA_KEY] = {
-            "tolerance": {
-                "rtol": rtol,
-                "atol": atol,
-                "why": f"{SAFETY:g}x the largest move measured on kernel paths {', '.join(sorted(kernel))} "
-                "(native numerics, scripts/measure_spread.py)",
-                "measured": measured,
-                **({"volatile": volatile[row["cell"]]} if row["cell"] in volatile else {}),
-            }
+        code[row["cell"]].metadata.setdefault(METADATA_KEY, {})["tolerance"] = {
+            "rtol": rtol,
+            "atol": atol,
+            "why": f"{SAFETY:g}x the largest move measured on kernel paths {', '.join(sorted(kernel))} "
+            "(native numerics, scripts/measure_spread.py)",
+            "measured": measured,
+            **({"volatile": volatile[row["cell"]]} if row["cell"] in volatile else {}),
         }
     nbformat.write(nb, path)
 

@@ -26,6 +26,14 @@ _STYLE = (
 )
 
 
+def _versions(scores: Sequence[Score]) -> str:
+    """The torch and numerics the scores were made with (the fingerprints digest both): one each, or every one."""
+    return ", ".join(
+        f"{key} {' / '.join(sorted({str(s.versions.get(key)) for s in scores if s.versions.get(key)}) or ['?'])}"
+        for key in ("torch", "numerics")
+    )
+
+
 def _parts(score: Score) -> str:
     rows = []
     for t in score.tasks:
@@ -46,7 +54,7 @@ def render(scores: Sequence[Score], isolation_note: str) -> str:
         "<h1>Hook challenge leaderboard</h1>",
         f"<p>Task set <code>{html.escape(' / '.join(sorted({s.task_set for s in scores}) or [TASK_SET]))}</code>: "
         + ", ".join(f"{t.model} ({t.steps} steps, seed {t.seed}, {t.world_size} ranks)" for t in TASKS)
-        + f". commhooks_lab {html.escape(__version__)}.</p>",
+        + f". commhooks_lab {html.escape(__version__)}; {html.escape(_versions(scores))}.</p>",
         f"<p><code>{html.escape(FORMULA)}</code>. Reference network: {html.escape(REFERENCE_NETWORK.describe())}.</p>",
         f"<p>Each submission ran in: {html.escape(isolation_note)}.</p>",
         '<table><tr><th>#</th><th class="l">entry</th><th>score</th><th class="l">parts</th>'

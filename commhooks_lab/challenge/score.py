@@ -159,7 +159,9 @@ def lab_versions() -> dict:
     from .. import __version__
     from ..launcher import numerics
 
-    return {"commhooks_lab": __version__, "torch": torch.__version__, "numerics": numerics.mode()}
+    # the mode and the kernels it runs: portable numerics have two tiers (AVX2, and older CPUs' plain C++)
+    kernels = numerics.TIERS.get(torch.backends.cpu.get_cpu_capability(), torch.backends.cpu.get_cpu_capability())
+    return {"commhooks_lab": __version__, "torch": torch.__version__, "numerics": f"{numerics.mode()} ({kernels})"}
 
 
 def _totals(steps) -> dict:

@@ -219,3 +219,25 @@ def test_the_longest_chapters_stay_within_their_words(stem):
 
     words = sum(len(re.findall(r"\S+", source(c))) for c in cells(ROOT / "notebooks" / f"{stem}.ipynb", "markdown"))
     assert words <= MAX_WORDS, f"{stem}: {words} words of markdown, over {MAX_WORDS}: split a section out or cut"
+
+
+def test_measuring_a_tolerance_keeps_the_cells_other_lab_metadata(tmp_path):
+    """scripts/measure_spread.py --write states a cell's tolerance anew; a cell's variants for other machines and
+    the facts they depend on stay (a version that replaced the whole key dropped notebook 15's ``depends_on``)."""
+    import nbformat
+    from conftest import load_script
+
+    from commhooks_lab.testing.notebooks import METADATA_KEY
+
+    measure_spread = load_script("measure_spread")
+    nb = nbformat.v4.new_notebook()
+    kept = {"depends_on": {"torch_build": "why"}, "outputs_when": [], "tolerance": {"volatile": ["x [0-9]+"]}}
+    nb.cells = [nbformat.v4.new_code_cell("print(1)", metadata={METADATA_KEY: kept}), nbformat.v4.new_code_cell("2")]
+    path = tmp_path / "n.ipynb"
+    nbformat.write(nb, path)
+    moves = {"sse4_2": {"abs": 0.5, "rtol": 0.01, "atol": 0.0}}
+    measure_spread.state(path, [{"cell": 0, "moves": moves, "text": {}}])
+    first, second = (c.metadata for c in nbformat.read(path, as_version=4).cells)
+    assert first[METADATA_KEY]["depends_on"] == {"torch_build": "why"} and first[METADATA_KEY]["outputs_when"] == []
+    assert first[METADATA_KEY]["tolerance"]["volatile"] == ["x [0-9]+"] and first[METADATA_KEY]["tolerance"]["rtol"] > 0
+    assert METADATA_KEY not in second
