@@ -155,10 +155,16 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+_MEASURED_HELP = (
+    "also time each task behind a real link of this rate (1gbit, 100mbit; needs user namespaces), beside "
+    "all-reduce: shown with the score, never part of it"
+)
+
+
 def _challenge_score(args: argparse.Namespace) -> int:
     from .challenge.sandbox import score_file
 
-    scored = score_file(args.file)
+    scored = score_file(args.file, link=args.link)
     print(scored.report())
     print(f"  isolation: {scored.versions.get('isolation', '')}")
     return 0 if scored.value is not None else 1
@@ -167,7 +173,7 @@ def _challenge_score(args: argparse.Namespace) -> int:
 def _challenge_leaderboard(args: argparse.Namespace) -> int:
     from .challenge.leaderboard import leaderboard
 
-    page = leaderboard(args.dir, out=args.out, baselines=not args.no_baselines)
+    page = leaderboard(args.dir, out=args.out, baselines=not args.no_baselines, link=args.link)
     print(f"wrote {page}")
     return 0
 
@@ -264,11 +270,13 @@ def build_parser() -> argparse.ArgumentParser:
         "score", help="score the hook in FILE (.py, or a notebook's cells tagged challenge)"
     )
     score.add_argument("file", metavar="FILE")
+    score.add_argument("--link", default=None, help=_MEASURED_HELP)
     score.set_defaults(func=_challenge_score)
     board = challenge_sub.add_parser("leaderboard", help="re-run every submission in DIR and write an HTML page")
     board.add_argument("dir", metavar="DIR")
     board.add_argument("--out", default=None, help="the page's path (default: DIR/leaderboard.html)")
     board.add_argument("--no-baselines", action="store_true", help="leave the lab's reference hooks off the page")
+    board.add_argument("--link", default=None, help=_MEASURED_HELP)
     board.set_defaults(func=_challenge_leaderboard)
     notebooks = sub.add_parser("notebooks", help="copy the course (notebooks, glossary, teaching notes) into DIR")
     notebooks.add_argument("dir", metavar="DIR", help="folder for the course (made if missing)")

@@ -1,6 +1,7 @@
 """``commhooks-lab challenge leaderboard DIR``: every submission in a folder re-run by the lab, ranked, and written
 as one HTML page that opens offline (no script, no font, no image fetched). The page holds nothing that changes
-between runs, no timestamp, no path: the same folder gives the same page, bit for bit."""
+between runs, no timestamp, no path: the same folder gives the same page, bit for bit; except, where ``link=`` asks
+for them, the times measured behind a real link, which are labelled as varying from machine to machine."""
 
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ def _parts(score: Score) -> str:
             f"rank_spread {t['rank_spread']:.3g}, t_hook {t['t_hook_s']:.4f} s / t_allreduce {t['t_allreduce_s']:.4f}"
             f" s, speed {t['speed']:.3f}, points {t['points']:.4f}"
         )
+    if score.measured:
+        from .measured import describe_measured
+
+        rows += [html.escape(line.strip()) for line in describe_measured(score.measured)]
     return "<br>".join(rows)
 
 
@@ -82,6 +87,7 @@ def build(
     tasks: tuple[ChallengeTask, ...] = TASKS,
     budget: Budget = DEFAULT_BUDGET,
     baselines: bool = True,
+    link: str | None = None,
 ) -> list[Score]:
     """Every submission in ``folder`` scored in its sandbox, and the lab's baselines (by name) beside them."""
     scores = []
@@ -91,12 +97,12 @@ def build(
         except (OSError, ValueError) as exc:
             scores.append(Score(path.stem, disqualified=f"not readable as a submission: {exc}"))
             continue
-        scored = score_submission(submission, tasks, budget)
+        scored = score_submission(submission, tasks, budget, link=link)
         scored.versions["source_sha256"] = submission.source_sha256
         scores.append(scored)
     if baselines:
         for name, spec in BASELINES.items():
-            scored = score_submission(Submission(f"baseline: {name}", _baseline_source(spec)), tasks, budget)
+            scored = score_submission(Submission(f"baseline: {name}", _baseline_source(spec)), tasks, budget, link=link)
             scores.append(scored)
     return ranked(scores)
 
@@ -112,11 +118,12 @@ def leaderboard(
     tasks: tuple[ChallengeTask, ...] = TASKS,
     budget: Budget = DEFAULT_BUDGET,
     baselines: bool = True,
+    link: str | None = None,
 ) -> Path:
     """Score every submission in ``folder`` and write the page (default: ``folder/leaderboard.html``)."""
     from ..safe_files import Folder
 
-    scores = build(folder, tasks, budget, baselines)
+    scores = build(folder, tasks, budget, baselines, link)
     page = render(scores, isolation()[1]).encode()
     target = Path(out) if out is not None else Path(folder) / PAGE
     with Folder.open(target.parent, "give a folder you can write the leaderboard to") as where:

@@ -66,11 +66,15 @@ _BITS_DEPEND_ON = (SEED_SET_VARIABLE, numerics.MODE_VARIABLE, *numerics.PORTABLE
 #: The budget every submission gets unless a caller (a test) gives another.
 DEFAULT_BUDGET = Budget()
 
-_UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount"]
+#: ``--mount-proc``: a ``/proc`` of the new PID namespace, whose process numbers the ranks' own private network
+#: names (``ip link ... netns /proc/PID/fd/N``; with the machine's ``/proc`` a link could not be built inside).
+_UNSHARE = [
+    "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
+]  # fmt: skip
 
-#: Run inside the new mount namespace: its folder stays writable, every other mount becomes read-only (``/proc``
-#: stays as it is: the ranks' own private network writes its user namespace's maps there), and ``/dev/shm`` is a
-#: new tmpfs of its own. ``$1``: the folder; the rest: the command.
+#: Run inside the new mount namespace: its folder stays writable, every other mount becomes read-only (``/proc``,
+#: the PID namespace's own, stays writable: the ranks' own private network writes its user namespace's maps there),
+#: and ``/dev/shm`` is a new tmpfs of its own. ``$1``: the folder; the rest: the command.
 _READ_ONLY_BUT_ITS_FOLDER = r"""set -e
 F="$1"; shift
 mount --bind "$F" "$F"
@@ -172,9 +176,11 @@ def score_submission(
     tasks: tuple[ChallengeTask, ...] = TASKS,
     budget: Budget = DEFAULT_BUDGET,
     screened: bool = True,
+    link: str | None = None,
 ) -> Score:
     """``submission`` screened, then scored in a child process of its own (see the module's docstring);
-    ``screened=False`` skips the screen, to test the second line alone."""
+    ``screened=False`` skips the screen, to test the second line alone; ``link``: also timed behind one
+    (:mod:`.measured`)."""
     problems = screen(submission.source) if screened else []
     if problems:
         shown = "; ".join(str(p) for p in problems[:5]) + (
@@ -203,7 +209,7 @@ def score_submission(
             **{k: os.environ[k] for k in _BITS_DEPEND_ON if k in os.environ},
         }
         read_end, write_end = os.pipe()
-        spec = json.dumps([dataclasses.asdict(t) for t in tasks] + [{"stall_s": budget.stall_s}])
+        spec = json.dumps([dataclasses.asdict(t) for t in tasks] + [{"stall_s": budget.stall_s, "link": link}])
         prefix = _isolated(str(own)) if isolated else []
         command = [*prefix, sys.executable, "-m", "commhooks_lab.challenge.sandbox", str(own), str(write_end), spec]
         with open(log_path, "wb") as log:
@@ -242,13 +248,15 @@ def score_submission(
     return scored
 
 
-def score_file(path: str | Path, tasks: tuple[ChallengeTask, ...] = TASKS, budget: Budget = DEFAULT_BUDGET) -> Score:
+def score_file(
+    path: str | Path, tasks: tuple[ChallengeTask, ...] = TASKS, budget: Budget = DEFAULT_BUDGET, link: str | None = None
+) -> Score:
     """The submission at ``path`` (a .py file, or a notebook with cells tagged ``challenge``), scored safely."""
     try:
         submission = read_submission(path)
     except (OSError, ValueError) as exc:
         return _disqualified(Submission(Path(path).stem, ""), f"not readable as a submission: {exc}")
-    return score_submission(submission, tasks, budget)
+    return score_submission(submission, tasks, budget, link=link)
 
 
 # -- the child's side -------------------------------------------------------------------------------------
@@ -264,7 +272,7 @@ def main(argv: list[str]) -> int:
     folder, fd, spec = argv[0], int(argv[1]), json.loads(argv[2])
     os.chdir(folder)
     sys.path.insert(0, folder)
-    stall_s = float(spec[-1]["stall_s"])
+    stall_s, link = float(spec[-1]["stall_s"]), spec[-1].get("link")
     tasks = tuple(ChallengeTask(**t) for t in spec[:-1])
     import importlib
 
@@ -275,7 +283,7 @@ def main(argv: list[str]) -> int:
         spec = getattr(module, "HOOK_SPEC", None)  # a registered hook by name: the lab's baselines
         hook = spec if isinstance(spec, str) and not hasattr(module, "hook") else f"{MODULE}:hook"
         state_factory = getattr(module, "make_state", None)
-        result = score(hook, state_factory=state_factory, tasks=tasks, fresh=True, timeout_s=stall_s)
+        result = score(hook, state_factory=state_factory, tasks=tasks, fresh=True, timeout_s=stall_s, link=link)
     except Exception as exc:  # its import failed: the report says so
         result = Score(MODULE, disqualified=f"failed to load: {type(exc).__name__}: {exc}", versions=lab_versions())
     if result.disqualified and "WorkerTimeoutError" in result.disqualified:

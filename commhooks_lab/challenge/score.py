@@ -71,6 +71,8 @@ class Score:
     network: str = REFERENCE_NETWORK.describe()
     task_set: str = TASK_SET
     versions: dict = field(default_factory=dict)
+    #: step times behind a real link, where one was asked for (:mod:`.measured`): reported, never scored
+    measured: list = field(default_factory=list)
 
     @property
     def value(self) -> float | None:
@@ -88,6 +90,7 @@ class Score:
             "task_set": self.task_set,
             "formula": FORMULA,
             "versions": self.versions,
+            "measured": self.measured,
         }
 
     @classmethod
@@ -99,6 +102,7 @@ class Score:
             str(data["network"]),
             str(data["task_set"]),
             dict(data["versions"]),
+            list(data.get("measured") or []),
         )
 
     @property
@@ -106,7 +110,7 @@ class Score:
         """sha256 of the parts (floats as their exact hex), the task set and the lab's version: two scores made
         anywhere agree bit for bit exactly when their fingerprints do. Neither the label nor where it ran (the
         sandbox's isolation, the source's digest) is part of it: a learner's own score and the leaderboard's match."""
-        data = {k: v for k, v in self.to_dict().items() if k not in ("label", "versions")}
+        data = {k: v for k, v in self.to_dict().items() if k not in ("label", "versions", "measured")}
         data["versions"] = {k: self.versions.get(k) for k in FINGERPRINTED_VERSIONS}
         return hashlib.sha256(json.dumps(_exact(data), sort_keys=True).encode()).hexdigest()[:16]
 
@@ -130,6 +134,10 @@ class Score:
                 f"{t['rank_spread']:>13.3g}{t['t_hook_s']:>10.4f}{t['t_allreduce_s']:>15.4f}{t['speed']:>7.3f}"
                 f"{t['points']:>8.4f}"
             )
+        if self.measured:
+            from .measured import describe_measured
+
+            lines += describe_measured(self.measured)
         lines.append(
             f"  task set {self.task_set}, commhooks_lab {self.versions.get('commhooks_lab')}, "
             f"fingerprint {self.fingerprint}"
@@ -249,12 +257,15 @@ def score(
     cluster=None,
     fresh: bool = False,
     timeout_s: float | None = None,
+    link: str | None = None,
 ) -> Score:
     """Score ``hook`` (your ``hook(state, bucket)``, a registered name or spec) on the challenge's tasks.
 
     ``state_factory(process_group)`` makes your hook's state; the runs go to the session's warm ranks, to
     ``cluster``, or to fresh ones; ``timeout_s``: seconds without a finished step before a run is called hung.
-    A hook that fails or breaks DDP's invariant comes back disqualified, with why.
+    A hook that fails or breaks DDP's invariant comes back disqualified, with why. ``link`` ("1gbit", "100mbit"):
+    each task also timed behind a real link of that rate, beside all-reduce (:mod:`.measured`), reported with the
+    score and never part of it or of its fingerprint.
     """
     from ..experiment import run
 
@@ -273,6 +284,15 @@ def score(
         if why is not None:
             result.disqualified = f"{why} (task {task.model})"
             return result
+    if link is not None:
+        from .measured import measure_behind_link
+
+        try:
+            result.measured = measure_behind_link(hook, link, tasks, state_factory, state_options, timeout_s)
+        except Exception as exc:  # no link on this machine (no user namespaces, say): the score stands without it
+            result.measured = [
+                {"task": "-", "link": link, "unmeasured": f"{type(exc).__name__}: {first_lines(str(exc))}"}
+            ]
     return result
 
 

@@ -15,6 +15,7 @@ from commhooks_lab.challenge.leaderboard import PAGE, build, leaderboard
 from commhooks_lab.challenge.sandbox import Budget, score_file
 from commhooks_lab.challenge.score import score
 from commhooks_lab.challenge.tasks import ChallengeTask
+from commhooks_lab.launcher import netns_switch
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -128,6 +129,7 @@ import json
 from commhooks_lab.challenge.sandbox import Budget, isolation, score_submission
 from commhooks_lab.challenge.submission import Submission
 from commhooks_lab.challenge.tasks import ChallengeTask
+from commhooks_lab.launcher import netns_switch
 looping = Submission("loops_at_import", "while True:\\n    pass\\n")
 scored = score_submission(looping, (ChallengeTask("cnn", steps=2),), Budget(wall_s=6, stall_s=4))
 print(json.dumps({"isolated": isolation()[0], "note": isolation()[1], "reason": scored.disqualified}))
@@ -143,3 +145,15 @@ def test_without_user_namespaces_the_budgets_and_the_session_still_hold():
     assert report["isolated"] is False
     assert report["note"].startswith("no namespaces (unshare: ") and "guarded by the screen alone" in report["note"]
     assert report["reason"] == "ran past its time budget of 6 s (runs forever?)"
+
+
+@pytest.mark.skipif(netns_switch.why_unavailable() is not None, reason="no links here: they need user namespaces")
+def test_the_sandbox_times_an_entry_behind_a_real_link_inside_its_own_namespaces():
+    """The ranks' private network is built inside the sandbox's PID namespace (its own /proc): the times come back
+    beside the score, which they leave as it is."""
+    timed = score_file(SUBMISSIONS / "fp16_by_hand.py", tasks=TASKS, budget=BUDGET, link="1gbit")
+    plain = score_file(SUBMISSIONS / "fp16_by_hand.py", tasks=TASKS, budget=BUDGET)
+    assert timed.fingerprint == plain.fingerprint and timed.value == plain.value
+    (row,) = timed.measured
+    assert "unmeasured" not in row, row
+    assert row["link"] == "1gbit" and 0 < row["hook"]["min_ms"] <= row["hook"]["median_ms"]

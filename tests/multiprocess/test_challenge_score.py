@@ -7,6 +7,7 @@ from commhooks_lab import plots
 from commhooks_lab.challenge.score import BASELINES, Score, points, score, table
 from commhooks_lab.challenge.score import baselines as score_baselines
 from commhooks_lab.challenge.tasks import ChallengeTask
+from commhooks_lab.launcher import netns_switch
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
 
@@ -83,3 +84,15 @@ def test_a_hook_that_breaks_the_invariant_is_disqualified(cluster):
     assert scored.value is None
     assert scored.disqualified.startswith("breaks DDP's invariant: after the hook the ranks hold different gradients")
     assert "DISQUALIFIED" in scored.report()
+
+
+@pytest.mark.skipif(netns_switch.why_unavailable() is not None, reason="no links here: they need user namespaces")
+def test_time_behind_a_real_link_is_reported_beside_the_score_and_left_out_of_it(cluster):
+    plain = score("fp16", tasks=SHORT, cluster=cluster)
+    timed = score("fp16", tasks=SHORT, cluster=cluster, link="1gbit")
+    assert timed.tasks == plain.tasks and timed.fingerprint == plain.fingerprint  # measured, not scored
+    (row,) = timed.measured
+    for side in ("hook", "allreduce"):
+        assert 0 < row[side]["min_ms"] <= row[side]["median_ms"] <= row[side]["max_ms"]
+    assert row["link"] == "1gbit" and Score.from_dict(timed.to_dict()).measured == timed.measured
+    assert "measured here behind 1gbit (varies from machine to machine; not in the score): cnn" in timed.report()
