@@ -14,7 +14,7 @@ Then ``speed = 2 t_allreduce / (t_allreduce + t_hook)`` (1 for all-reduce, up to
 ``points = accuracy x speed``, and ``score = 100 x mean over tasks of points``. A hook that breaks DDP's invariant
 (any rank_spread > 0, or ranks ending with other parameters), sends bytes the counter cannot see, or fails, is
 disqualified with the reason and has no score. Everything is bytes and seeded arithmetic under the lab's portable
-numerics: the same bits on every x86-64 CPU.
+numerics: the same bits on every x86-64 CPU with AVX2 (older CPUs share another tier, named in the numerics).
 """
 
 from __future__ import annotations

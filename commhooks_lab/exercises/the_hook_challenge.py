@@ -32,7 +32,7 @@ from .checking import RIGHT, WORLD_SIZES, Outcome, check_function, first_problem
 
 __all__ = ["Entry", "check_challenge_entry", "entry_hook", "entry_source", "entry_state", "write_entry"]
 
-#: The digits CNN's first steps: short, and three buckets after DDP's rebuild.
+#: The digits CNN's first steps: short, with DDP's bucket rebuild after step 0.
 PROBE_STEPS = 3
 
 
@@ -246,7 +246,8 @@ def _below(entry: Score, baselines: Sequence[Score]) -> str:
         )
     else:
         advice = (
-            "it sends less than fp16, but loses more accuracy than its bytes earn: keep what it drops (error feedback)."
+            "it sends less than fp16, but loses more accuracy than its bytes earn: keep more of each gradient, or "
+            "carry what it drops into the next step if it does not yet (error feedback)."
         )
     return f"{advice} Yours: {_parts(entry)}."
 
