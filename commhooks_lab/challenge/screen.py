@@ -77,7 +77,8 @@ FORBIDDEN_ATTRIBUTES = {
     "save": "touches files (torch.save)",
     "from_file": "touches files",
     "hub": "talks to the network (torch.hub)",
-    "utils": "reaches torch.utils (cpp_extension compiles and runs code, data loaders start processes)",
+    "utils": "reaches torch.utils (cpp_extension compiles and runs code, data loaders start processes; "
+    + "the screen reads names, not types, so torch.nn.utils is refused too)",
     "ops": "reaches compiled operators by name",
     "library": "defines compiled operators",
     "classes": "reaches compiled classes by name",
@@ -95,7 +96,8 @@ FORBIDDEN_ATTRIBUTES = {
     "destroy_process_group": "tears down the ranks' process group",
     "set_num_threads": "changes the ranks' numerics",
     "use_deterministic_algorithms": "changes the ranks' numerics",
-    "manual_seed": "changes the course's seeds",
+    "manual_seed": "changes the course's seeds (the screen reads names, not types, so a private generator's is "
+    + "refused too)",
     "environ": "reads the environment",
     "numpy": "leaves torch (a numpy array writes files: tofile, dump)",
     "tofile": "touches files",
@@ -170,7 +172,7 @@ def screen(source: str) -> list[Problem]:
             elif node.attr in FORBIDDEN_ATTRIBUTES:
                 problems.append(Problem(line, f".{node.attr}", FORBIDDEN_ATTRIBUTES[node.attr]))
             elif node.attr in _MODULE_ROOTS:  # torch.os, default_hooks.torch.sys: a module another module imported
-                problems.append(Problem(line, f".{node.attr}", _kind(node.attr)))
+                problems.append(Problem(line, f".{node.attr}", _named_like_a_module(node.attr)))
         elif isinstance(node, ast.Name):
             if node.id in FORBIDDEN_NAMES:
                 problems.append(Problem(line, node.id, FORBIDDEN_NAMES[node.id]))
@@ -184,6 +186,14 @@ def screen(source: str) -> list[Problem]:
                 problems.append(Problem(getattr(node, "lineno", 0), f"assigns to {ast.unparse(target)}",
                                         "patches a library (the collectives the byte counter wraps)"))  # fmt: skip
     return sorted(set(problems), key=lambda p: (p.line, p.what))
+
+
+def _named_like_a_module(attr: str) -> str:
+    """Why ``x.select`` is refused: it may be the module (``torch.os``); the screen reads names, not types."""
+    return (
+        f"{_kind(attr)}, if it is the module {attr} reached through another one; the screen reads names, not types, "
+        f"so any attribute named {attr} is refused (a tensor method too: find another way)"
+    )
 
 
 def _import_from(node: ast.ImportFrom, imported: set[str]) -> list[Problem]:

@@ -52,6 +52,17 @@ def test_each_cheating_kind_is_refused_with_its_kind(source):
     assert problems and any(CHEATS[source] in p.why for p in problems), problems
 
 
+def test_a_harmless_name_refused_with_a_dangerous_ones_says_why_it_was_caught():
+    """The screen reads names, not types: a tensor's select or a private generator's manual_seed is refused, and
+    the reason says it is the name, not what the learner meant."""
+    (select,) = screen("def hook(state, bucket):\n    return bucket.buffer().select(0, 1)\n")
+    assert select.why.startswith("talks to the network, if it is the module select") and "a tensor method" in select.why
+    (seed,) = screen("import torch\ng = torch.Generator()\ng.manual_seed(1)\n")
+    assert "a private generator's is refused too" in seed.why
+    (utils,) = screen("import torch\ntorch.nn.utils.parameters_to_vector([])\n")
+    assert "torch.nn.utils is refused too" in utils.why
+
+
 def test_a_notebook_submission_is_its_tagged_cells(tmp_path):
     cell = {
         "cell_type": "code",
