@@ -17,9 +17,9 @@ __all__ = ["measure_behind_link", "describe_measured"]
 
 
 def _step_ms(result) -> dict:
-    """Median, lowest and highest step time in ms, step 0 left out (it holds DDP's first bucket rebuild)."""
-    times = 1e3 * result.steps["step_time_s"].iloc[1:]
-    return {"median_ms": float(times.median()), "min_ms": float(times.min()), "max_ms": float(times.max())}
+    """Median, lowest and highest step time in ms, step 0 left out (:meth:`Result.step_ms`: DDP builds its buckets
+    in the first)."""
+    return {f"{k}_ms": float(v) for k, v in result.step_ms(skip=1).items() if k != "steps"}
 
 
 def measure_behind_link(

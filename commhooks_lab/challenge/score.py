@@ -29,7 +29,19 @@ from typing import Any
 
 from .tasks import REFERENCE_NETWORK, TASK_SET, TASKS, ChallengeTask, ReferenceNetwork
 
-__all__ = ["BASELINES", "FORMULA", "Score", "baselines", "first_lines", "points", "ranked", "score", "speed", "table"]
+__all__ = [
+    "BASELINES",
+    "FORMULA",
+    "Score",
+    "baselines",
+    "first_lines",
+    "points",
+    "ranked",
+    "score",
+    "speed",
+    "table",
+    "worst_rank_spread",
+]
 
 FORMULA = (
     "score = 100 x mean over tasks of (accuracy x speed); speed = 2 t_allreduce / (t_allreduce + t_hook), "
@@ -168,7 +180,8 @@ def lab_versions() -> dict:
     from ..launcher import numerics
 
     # the mode and the kernels it runs: portable numerics have two tiers (AVX2, and older CPUs' plain C++)
-    kernels = numerics.TIERS.get(torch.backends.cpu.get_cpu_capability(), torch.backends.cpu.get_cpu_capability())
+    capability = torch.backends.cpu.get_cpu_capability()
+    kernels = numerics.TIERS.get(capability, capability)
     return {"commhooks_lab": __version__, "torch": torch.__version__, "numerics": f"{numerics.mode()} ({kernels})"}
 
 
@@ -202,10 +215,14 @@ def _accuracy(result) -> float:
     return float(result.final.get("accuracy", math.nan))
 
 
+def worst_rank_spread(steps):
+    """The step whose ``rank_spread`` is largest, or None when every rank left every hook with the same gradient."""
+    return steps.loc[steps["rank_spread"].idxmax()] if (steps["rank_spread"] != 0).any() else None
+
+
 def _why_disqualified(result) -> str | None:
-    steps = result.steps
-    if (steps["rank_spread"] != 0).any():
-        worst = steps.loc[steps["rank_spread"].idxmax()]
+    worst = worst_rank_spread(result.steps)
+    if worst is not None:
         return (
             f"breaks DDP's invariant: after the hook the ranks hold different gradients (rank_spread "
             f"{worst['rank_spread']:.3g} at step {int(worst['step'])}; every rank must leave the same gradient)"

@@ -26,6 +26,7 @@ __all__ = [
     "check_function",
     "check_prediction",
     "choice_problem",
+    "clusters_by_size",
     "first_problem_by_world_size",
     "is_stub",
     "listed",
@@ -181,6 +182,11 @@ def run_beside_reference(
     return mine.steps, theirs.steps
 
 
+def clusters_by_size(cluster: Any) -> dict[int, Any]:
+    """A check's ``cluster`` argument (one Cluster, several, or None) by world size."""
+    return {c.world_size: c for c in (cluster if isinstance(cluster, list | tuple) else [cluster]) if c is not None}
+
+
 def first_problem_by_world_size(
     problem_at: Callable[[Any], str | None], cluster: Any = None, world_sizes: Sequence[int] = WORLD_SIZES
 ) -> str | None:
@@ -190,7 +196,7 @@ def first_problem_by_world_size(
     size (or rank 1 as "the other")."""
     from ..launcher import Ranks, RankSpec
 
-    given = {c.world_size: c for c in (cluster if isinstance(cluster, list | tuple) else [cluster]) if c is not None}
+    given = clusters_by_size(cluster)
     right_at: list[int] = []
     for world in world_sizes:
         if world in given:

@@ -26,9 +26,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..challenge.score import Score, score
+from ..challenge.score import Score, score, worst_rank_spread
 from ..challenge.screen import screen
-from .checking import RIGHT, WORLD_SIZES, Outcome, check_function, first_problem_by_world_size, listed, reference
+from .checking import (
+    RIGHT,
+    WORLD_SIZES,
+    Outcome,
+    check_function,
+    clusters_by_size,
+    first_problem_by_world_size,
+    listed,
+    reference,
+)
 
 __all__ = ["Entry", "check_challenge_entry", "entry_hook", "entry_source", "entry_state", "write_entry"]
 
@@ -162,9 +171,8 @@ def _probe_problem(hook: Callable, make_state: Callable | None, ranks) -> str | 
         hook=hook, state_factory=make_state, model="cnn", steps=PROBE_STEPS, eval_every=0, cluster=ranks,
         world_size=ranks.world_size,
     )  # fmt: skip
-    steps = result.steps
-    if (steps["rank_spread"] != 0).any():
-        worst = steps.loc[steps["rank_spread"].idxmax()]
+    worst = worst_rank_spread(result.steps)
+    if worst is not None:
         return f"{_DISAGREE} (On the CNN: rank_spread {worst['rank_spread']:.3g} at step {int(worst['step'])}.)"
     return None
 
@@ -195,7 +203,7 @@ def check_challenge_entry(
     ``baselines`` (which must hold fp16's). ``cluster``: a Cluster, or several, for the sizes they have (the score
     runs on the 2-rank one). The outcome's value is your :class:`Entry` when right, else the reference entry."""
     best, bar = _bar(baselines)
-    two = _of_size(cluster, 2)
+    two = clusters_by_size(cluster).get(2)
     scored: dict[str, Score] = {}
 
     def verify(fn: Callable) -> str | None:
@@ -286,13 +294,6 @@ def _globals_used(code: types.CodeType) -> set[str]:
         if isinstance(const, types.CodeType):
             names |= _globals_used(const)
     return names
-
-
-def _of_size(cluster: Any, world: int) -> Any:
-    for each in cluster if isinstance(cluster, list | tuple) else [cluster]:
-        if each is not None and each.world_size == world:
-            return each
-    return None
 
 
 def entry_source(hook: Callable, make_state: Callable | None) -> str:
