@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .challenge.tasks import TASK_SET, TASK_SETS
 from .hooks.powersgd import SHORT_RUN_START
 from .launcher.rank_server import DEFAULT_START_METHOD
 from .launcher.torchrun import launch_from_env, under_torchrun
@@ -161,10 +162,16 @@ _MEASURED_HELP = (
 )
 
 
+_TASK_SET_HELP = (
+    f"the tasks (default {TASK_SET}; hook-challenge-nodes-1 adds the wide MLP on 2 nodes of 2 ranks): scores "
+    "compare only within one set"
+)
+
+
 def _challenge_score(args: argparse.Namespace) -> int:
     from .challenge.sandbox import score_file
 
-    scored = score_file(args.file, link=args.link)
+    scored = score_file(args.file, tasks=args.task_set, link=args.link)
     print(scored.report())
     print(f"  isolation: {scored.versions.get('isolation', '')}")
     return 0 if scored.value is not None else 1
@@ -173,7 +180,7 @@ def _challenge_score(args: argparse.Namespace) -> int:
 def _challenge_leaderboard(args: argparse.Namespace) -> int:
     from .challenge.leaderboard import leaderboard
 
-    page = leaderboard(args.dir, out=args.out, baselines=not args.no_baselines, link=args.link)
+    page = leaderboard(args.dir, out=args.out, tasks=args.task_set, baselines=not args.no_baselines, link=args.link)
     print(f"wrote {page}")
     return 0
 
@@ -271,12 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     score.add_argument("file", metavar="FILE")
     score.add_argument("--link", default=None, help=_MEASURED_HELP)
+    score.add_argument("--task-set", default=TASK_SET, choices=list(TASK_SETS), help=_TASK_SET_HELP)
     score.set_defaults(func=_challenge_score)
     board = challenge_sub.add_parser("leaderboard", help="re-run every submission in DIR and write an HTML page")
     board.add_argument("dir", metavar="DIR")
     board.add_argument("--out", default=None, help="the page's path (default: DIR/leaderboard.html)")
     board.add_argument("--no-baselines", action="store_true", help="leave the lab's reference hooks off the page")
     board.add_argument("--link", default=None, help=_MEASURED_HELP)
+    board.add_argument("--task-set", default=TASK_SET, choices=list(TASK_SETS), help=_TASK_SET_HELP)
     board.set_defaults(func=_challenge_leaderboard)
     notebooks = sub.add_parser("notebooks", help="copy the course (notebooks, glossary, teaching notes) into DIR")
     notebooks.add_argument("dir", metavar="DIR", help="folder for the course (made if missing)")

@@ -273,4 +273,6 @@ def from_ranks(config_dict: dict, ranks: Iterable[dict]) -> Result:
     steps = steps[first + [c for c in steps.columns if c not in first]]
     layers = pd.DataFrame(main["layers"])
     final = {**main["final"], "param_digests": [r["param_digest"] for r in ranks]}
+    if all("link_totals" in r for r in ranks):  # each rank's bytes and hops per level, summed over its steps
+        final["link_totals"] = [r["link_totals"] for r in ranks]
     return Result(config_dict, steps, layers, list(main["notes"]), main["env"], final, main["sample"])

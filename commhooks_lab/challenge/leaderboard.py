@@ -11,9 +11,9 @@ from pathlib import Path
 
 from .. import __version__
 from .sandbox import DEFAULT_BUDGET, Budget, isolation, score_submission
-from .score import BASELINES, FORMULA, Score, ranked
+from .score import FORMULA, Score, baseline_specs, ranked, task_set_name
 from .submission import Submission, read_submission, submission_paths
-from .tasks import REFERENCE_NETWORK, TASK_SET, TASKS, ChallengeTask
+from .tasks import REFERENCE_NETWORK, TASKS, ChallengeTask, task_set_of, tasks_of
 
 __all__ = ["PAGE", "build", "leaderboard", "render", "ranked"]
 
@@ -50,17 +50,20 @@ def _parts(score: Score) -> str:
     return "<br>".join(rows)
 
 
-def render(scores: Sequence[Score], isolation_note: str) -> str:
-    """The page for ``scores`` (in rank order)."""
+def render(scores: Sequence[Score], isolation_note: str, tasks: Sequence[ChallengeTask] = TASKS) -> str:
+    """The page for ``scores`` (in rank order), made on ``tasks``."""
+    on_nodes = any(t.nodes > 1 for t in tasks)
     lines = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8"><title>Hook challenge leaderboard</title>',
         f"<style>{_STYLE}</style></head><body>",
         "<h1>Hook challenge leaderboard</h1>",
-        f"<p>Task set <code>{html.escape(' / '.join(sorted({s.task_set for s in scores}) or [TASK_SET]))}</code>: "
-        + ", ".join(f"{t.model} ({t.steps} steps, seed {t.seed}, {t.world_size} ranks)" for t in TASKS)
+        f"<p>Task set <code>{html.escape(' / '.join(sorted({s.task_set for s in scores}) or [task_set_of(tasks)]))}"
+        "</code>: "
+        + html.escape(", ".join(f"{t.name} ({t.steps} steps, seed {t.seed}, {t.world_size} ranks)" for t in tasks))
         + f". commhooks_lab {html.escape(__version__)}; {html.escape(_versions(scores))}.</p>",
-        f"<p><code>{html.escape(FORMULA)}</code>. Reference network: {html.escape(REFERENCE_NETWORK.describe())}.</p>",
+        f"<p><code>{html.escape(FORMULA)}</code>. Reference network: "
+        f"{html.escape(REFERENCE_NETWORK.describe(nodes=on_nodes))}.</p>",
         f"<p>Each submission ran in: {html.escape(isolation_note)}.</p>",
         '<table><tr><th>#</th><th class="l">entry</th><th>score</th><th class="l">parts</th>'
         '<th class="l">fingerprint</th></tr>',
@@ -84,24 +87,27 @@ def render(scores: Sequence[Score], isolation_note: str) -> str:
 
 def build(
     folder: str | Path,
-    tasks: tuple[ChallengeTask, ...] = TASKS,
+    tasks: str | Sequence[ChallengeTask] = TASKS,
     budget: Budget = DEFAULT_BUDGET,
     baselines: bool = True,
     link: str | None = None,
 ) -> list[Score]:
-    """Every submission in ``folder`` scored in its sandbox, and the lab's baselines (by name) beside them."""
+    """Every submission in ``folder`` scored in its sandbox on ``tasks`` (a set's name or the tasks), and the lab's
+    baselines (by name) beside them."""
+    tasks = tasks_of(tasks)
     scores = []
     for path in submission_paths(folder):
         try:
             submission = read_submission(path)
         except (OSError, ValueError) as exc:
-            scores.append(Score(path.stem, disqualified=f"not readable as a submission: {exc}"))
+            why = f"not readable as a submission: {exc}"
+            scores.append(Score(path.stem, disqualified=why, task_set=task_set_name(tasks)))
             continue
         scored = score_submission(submission, tasks, budget, link=link)
         scored.versions["source_sha256"] = submission.source_sha256
         scores.append(scored)
     if baselines:
-        for name, spec in BASELINES.items():
+        for name, spec in baseline_specs(tasks).items():
             scored = score_submission(Submission(f"baseline: {name}", _baseline_source(spec)), tasks, budget, link=link)
             scores.append(scored)
     return ranked(scores)
@@ -115,7 +121,7 @@ def _baseline_source(spec: str) -> str:
 def leaderboard(
     folder: str | Path,
     out: str | Path | None = None,
-    tasks: tuple[ChallengeTask, ...] = TASKS,
+    tasks: str | Sequence[ChallengeTask] = TASKS,
     budget: Budget = DEFAULT_BUDGET,
     baselines: bool = True,
     link: str | None = None,
@@ -123,8 +129,9 @@ def leaderboard(
     """Score every submission in ``folder`` and write the page (default: ``folder/leaderboard.html``)."""
     from ..safe_files import Folder
 
+    tasks = tasks_of(tasks)
     scores = build(folder, tasks, budget, baselines, link)
-    page = render(scores, isolation()[1]).encode()
+    page = render(scores, isolation()[1], tasks).encode()
     target = Path(out) if out is not None else Path(folder) / PAGE
     with Folder.open(target.parent, "give a folder you can write the leaderboard to") as where:
         where.write(target.name, page)

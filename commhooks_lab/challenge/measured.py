@@ -3,7 +3,8 @@
 A measured time moves from machine to machine and from run to run (how busy the cores are, how the kernel paces the
 link), so the score rests on the α/β model and this is reported next to it, labelled as measured here: each task
 run again behind ``link`` (every rank behind a link of its own, the lab's private network), timed as DDP runs the
-hook (``timing=True``: unprobed), beside all-reduce behind the same link. Needs user namespaces, as every link does.
+hook (``timing=True``: unprobed), beside all-reduce behind the same link; on a task on nodes, ``link`` is each node's
+uplink (:mod:`commhooks_lab.launcher.topology`). Needs user namespaces, as every link does.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def measure_behind_link(
             options["timeout_s"] = timeout_s
         mine = run(hook=hook, state_factory=state_factory, state_options=dict(state_options or {}), **options)
         theirs = run(hook="allreduce", **options)
-        rows.append({"task": task.model, "link": link, "hook": _step_ms(mine), "allreduce": _step_ms(theirs)})
+        rows.append({"task": task.name, "link": link, "hook": _step_ms(mine), "allreduce": _step_ms(theirs)})
     return rows
 
 

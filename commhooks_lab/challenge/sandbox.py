@@ -31,16 +31,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine.seed_set import SEED_SET_VARIABLE
 from ..launcher import numerics
 from ..safe_files import Folder, parse_json
-from .score import Score, first_lines, lab_versions
+from .score import Score, first_lines, lab_versions, task_set_name
 from .screen import screen
 from .submission import MODULE, Submission, read_submission
-from .tasks import TASKS, ChallengeTask
+from .tasks import TASKS, ChallengeTask, tasks_of
 
 __all__ = ["Budget", "DEFAULT_BUDGET", "isolation", "main", "score_file", "score_submission"]
 
@@ -129,8 +130,10 @@ def _limits(budget: Budget):
     return apply
 
 
-def _disqualified(submission: Submission, reason: str, isolation_note: str = "") -> Score:
-    result = Score(submission.label, disqualified=reason, versions=lab_versions())
+def _disqualified(
+    submission: Submission, reason: str, isolation_note: str = "", tasks: Sequence[ChallengeTask] = TASKS
+) -> Score:
+    result = Score(submission.label, disqualified=reason, task_set=task_set_name(tasks), versions=lab_versions())
     result.versions["isolation"] = isolation_note
     return result
 
@@ -173,7 +176,7 @@ def _why_it_failed(log: str, returncode: int | None, budget: Budget) -> str:
 
 def score_submission(
     submission: Submission,
-    tasks: tuple[ChallengeTask, ...] = TASKS,
+    tasks: str | Sequence[ChallengeTask] = TASKS,
     budget: Budget = DEFAULT_BUDGET,
     screened: bool = True,
     link: str | None = None,
@@ -181,12 +184,13 @@ def score_submission(
     """``submission`` screened, then scored in a child process of its own (see the module's docstring);
     ``screened=False`` skips the screen, to test the second line alone; ``link``: also timed behind one
     (:mod:`.measured`)."""
+    tasks = tasks_of(tasks)
     problems = screen(submission.source) if screened else []
     if problems:
         shown = "; ".join(str(p) for p in problems[:5]) + (
             f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
         )
-        return _disqualified(submission, f"refused before it ran: {shown}", "the screen")
+        return _disqualified(submission, f"refused before it ran: {shown}", "the screen", tasks)
     isolated, note = isolation()
     with tempfile.TemporaryDirectory(prefix="commhooks-challenge-") as scratch:
         scratch_path = Path(scratch)
@@ -231,14 +235,14 @@ def score_submission(
             _kill_session(proc.pid)
             proc.wait()
         if stopped is not None:
-            return _disqualified(submission, stopped, note)
+            return _disqualified(submission, stopped, note, tasks)
         log_text = log_path.read_bytes()[-64 * 1024 :].decode("utf-8", errors="replace")
     if not data:
-        return _disqualified(submission, _why_it_failed(log_text, proc.returncode, budget), note)
+        return _disqualified(submission, _why_it_failed(log_text, proc.returncode, budget), note, tasks)
     try:
         scored = Score.from_dict(parse_json(data, "the sandbox's report", "a submission's report is the lab's JSON"))
     except (ValueError, KeyError, TypeError) as exc:
-        return _disqualified(submission, f"its report was malformed ({exc})", note)
+        return _disqualified(submission, f"its report was malformed ({exc})", note, tasks)
     scored.label = submission.label
     if scored.disqualified and ("can't allocate memory" in scored.disqualified or "MemoryError" in scored.disqualified):
         scored.disqualified = (
@@ -249,13 +253,17 @@ def score_submission(
 
 
 def score_file(
-    path: str | Path, tasks: tuple[ChallengeTask, ...] = TASKS, budget: Budget = DEFAULT_BUDGET, link: str | None = None
+    path: str | Path,
+    tasks: str | Sequence[ChallengeTask] = TASKS,
+    budget: Budget = DEFAULT_BUDGET,
+    link: str | None = None,
 ) -> Score:
     """The submission at ``path`` (a .py file, or a notebook with cells tagged ``challenge``), scored safely."""
     try:
         submission = read_submission(path)
     except (OSError, ValueError) as exc:
-        return _disqualified(Submission(Path(path).stem, ""), f"not readable as a submission: {exc}")
+        unread = Submission(Path(path).stem, "")
+        return _disqualified(unread, f"not readable as a submission: {exc}", tasks=tasks_of(tasks))
     return score_submission(submission, tasks, budget, link=link)
 
 
@@ -285,7 +293,8 @@ def main(argv: list[str]) -> int:
         state_factory = getattr(module, "make_state", None)
         result = score(hook, state_factory=state_factory, tasks=tasks, fresh=True, timeout_s=stall_s, link=link)
     except Exception as exc:  # its import failed: the report says so
-        result = Score(MODULE, disqualified=f"failed to load: {type(exc).__name__}: {exc}", versions=lab_versions())
+        reason = f"failed to load: {type(exc).__name__}: {exc}"
+        result = Score(MODULE, disqualified=reason, task_set=task_set_name(tasks), versions=lab_versions())
     if result.disqualified and "WorkerTimeoutError" in result.disqualified:
         result.disqualified = _timeout_reason(result.disqualified, stall_s)
     with os.fdopen(fd, "wb") as out:

@@ -8,7 +8,9 @@ fixed number of steps and reads back, from its own probe:
 - ``rank_spread``: the largest difference between ranks' gradients over the run (DDP's invariant wants 0);
 - ``t_hook``: the α/β model's communication time on :data:`~commhooks_lab.challenge.tasks.REFERENCE_NETWORK`, fed
   those exact bytes and collective calls (a model, not a measurement); ``t_allreduce``: the same for PyTorch's
-  all-reduce of the same task and steps, from the lab's byte rule.
+  all-reduce of the same task and steps, from the lab's byte rule. On a task on nodes, the two-level model
+  (:func:`~commhooks_lab.studies.network.two_level_seconds`) fed each rank's bytes and ring steps inside and
+  between nodes, and ``t_hook`` is the busiest rank's: a hook cannot hide its traffic on a rank other than 0.
 
 Then ``speed = 2 t_allreduce / (t_allreduce + t_hook)`` (1 for all-reduce, up to 2 for a hook that sends nothing),
 ``points = accuracy x speed``, and ``score = 100 x mean over tasks of points``. A hook that breaks DDP's invariant
@@ -27,12 +29,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tasks import REFERENCE_NETWORK, TASK_SET, TASKS, ChallengeTask, ReferenceNetwork
+from .tasks import REFERENCE_NETWORK, TASKS, ChallengeTask, ReferenceNetwork, task_set_of, tasks_of
 
 __all__ = [
     "BASELINES",
     "FORMULA",
+    "NODES_BASELINES",
     "Score",
+    "baseline_specs",
     "baselines",
     "first_lines",
     "points",
@@ -56,6 +60,15 @@ BASELINES: dict[str, str] = {
     "PowerSGD r4": "power_sgd[matrix_approximation_rank=4,start_powerSGD_iter=2]",
     "top-k 1% + EF": "topk[ratio=0.01,error_feedback=true]",
 }
+
+#: Beside them on a task set with nodes: the float32 sum inside each node, fp16 only between nodes (issue 49's hook).
+NODES_BASELINES: dict[str, str] = {"hierarchical fp16": "hierarchical_fp16"}
+
+
+def baseline_specs(tasks: Sequence[ChallengeTask] = TASKS) -> dict[str, str]:
+    """The reference hooks for ``tasks``: :data:`BASELINES`, and :data:`NODES_BASELINES` where a task is on nodes."""
+    return BASELINES | (NODES_BASELINES if any(task.nodes > 1 for task in tasks) else {})
+
 
 #: The versions a score's bits depend on (the rest of ``Score.versions`` says where and how it ran).
 FINGERPRINTED_VERSIONS = ("commhooks_lab", "torch", "numerics")
@@ -81,7 +94,7 @@ class Score:
     tasks: list[dict] = field(default_factory=list)
     disqualified: str | None = None
     network: str = REFERENCE_NETWORK.describe()
-    task_set: str = TASK_SET
+    task_set: str = task_set_of(TASKS)
     versions: dict = field(default_factory=dict)
     #: step times behind a real link, where one was asked for (:mod:`.measured`): reported, never scored
     measured: list = field(default_factory=list)
@@ -136,13 +149,14 @@ class Score:
             f"DISQUALIFIED: {self.disqualified}" if self.value is None else f"score {self.value:.2f}"
         )
         lines = [head, f"  {FORMULA}", f"  reference network: {self.network}"]
+        width = max([6, *(len(t["task"]) + 1 for t in self.tasks)])
         lines.append(
-            f"  {'task':<6}{'steps':>6}{'accuracy':>10}{'bytes/rank':>14}{'rank_spread':>13}"
+            f"  {'task':<{width}}{'steps':>6}{'accuracy':>10}{'bytes/rank':>14}{'rank_spread':>13}"
             f"{'t_hook s':>10}{'t_allreduce s':>15}{'speed':>7}{'points':>8}"
         )
         for t in self.tasks:
             lines.append(
-                f"  {t['task']:<6}{t['steps']:>6}{t['accuracy']:>10.4f}{t['bytes_per_rank']:>14,}"
+                f"  {t['task']:<{width}}{t['steps']:>6}{t['accuracy']:>10.4f}{t['bytes_per_rank']:>14,}"
                 f"{t['rank_spread']:>13.3g}{t['t_hook_s']:>10.4f}{t['t_allreduce_s']:>15.4f}{t['speed']:>7.3f}"
                 f"{t['points']:>8.4f}"
             )
@@ -200,9 +214,14 @@ def reference_seconds(task: ChallengeTask, network: ReferenceNetwork = REFERENCE
     """All-reduce's modelled time on ``task``: its byte rule for the task's model, every step, one call per step
     (both models fit DDP's one 25 MB bucket, as the probe counts them; a test holds all-reduce's speed to 1)."""
     from ..engine.models import build_task
-    from ..studies.network import comm_seconds, parameter_shapes, rule_traffic
+    from ..studies.network import comm_seconds, parameter_shapes, rule_traffic, two_level_rule, two_level_seconds
 
-    per_step = rule_traffic(parameter_shapes(build_task(task.model, task.seed).model), "allreduce", buckets=1)
+    shapes = parameter_shapes(build_task(task.model, task.seed).model)
+    if task.nodes > 1:
+        net = network.two_level(task)
+        rule = two_level_rule(shapes, "allreduce", nodes=net.nodes, ranks_per_node=net.ranks_per_node, buckets=1)
+        return task.steps * two_level_seconds(rule, net)
+    per_step = rule_traffic(shapes, "allreduce", buckets=1)
     totals = {
         k: task.steps * per_step[k]
         for k in ("allreduce_bytes", "allgather_bytes", "allreduce_calls", "allgather_calls")
@@ -237,15 +256,24 @@ def _why_disqualified(result) -> str | None:
     return None
 
 
+def _hook_seconds(result, task: ChallengeTask, network: ReferenceNetwork) -> float:
+    """The model's time for the run's counted traffic: rank 0's bytes and calls on a flat task; on nodes, the
+    busiest rank's bytes and ring steps per level (each rank's sums over the run, ``final["link_totals"]``)."""
+    from ..studies.network import comm_seconds, two_level_seconds
+
+    if task.nodes == 1:
+        return comm_seconds(_totals(result.steps), task.world_size, network.bandwidth_gbps, network.latency_us)
+    net = network.two_level(task)
+    return max(two_level_seconds(counts, net) for counts in result.final["link_totals"])
+
+
 def score_task(result, task: ChallengeTask, network: ReferenceNetwork = REFERENCE_NETWORK) -> dict:
     """One task's parts, from its run."""
-    from ..studies.network import comm_seconds
-
-    t_hook = comm_seconds(_totals(result.steps), task.world_size, network.bandwidth_gbps, network.latency_us)
+    t_hook = _hook_seconds(result, task, network)
     t_ref = reference_seconds(task, network)
     accuracy = _accuracy(result)
     return {
-        "task": task.model,
+        "task": task.name,
         "steps": task.steps,
         "accuracy": accuracy,
         "bytes_per_rank": int(result.steps["payload_bytes"].sum()),
@@ -259,7 +287,7 @@ def score_task(result, task: ChallengeTask, network: ReferenceNetwork = REFERENC
 
 def _label(hook: Any) -> str:
     if isinstance(hook, str):
-        return next((name for name, spec in BASELINES.items() if spec == hook), hook)
+        return next((name for name, spec in (BASELINES | NODES_BASELINES).items() if spec == hook), hook)
     return getattr(hook, "__name__", type(hook).__name__)
 
 
@@ -269,30 +297,40 @@ def score(
     state_factory: Callable | None = None,
     state_options: dict | None = None,
     label: str | None = None,
-    tasks: Sequence[ChallengeTask] = TASKS,
+    tasks: str | Sequence[ChallengeTask] = TASKS,
     network: ReferenceNetwork = REFERENCE_NETWORK,
     cluster=None,
     fresh: bool = False,
     timeout_s: float | None = None,
     link: str | None = None,
 ) -> Score:
-    """Score ``hook`` (your ``hook(state, bucket)``, a registered name or spec) on the challenge's tasks.
+    """Score ``hook`` (your ``hook(state, bucket)``, a registered name or spec) on the challenge's tasks: a task
+    set's name (``"hook-challenge-nodes-1"`` adds the two-node task) or a sequence of tasks.
 
     ``state_factory(process_group)`` makes your hook's state; the runs go to the session's warm ranks, to
-    ``cluster``, or to fresh ones; ``timeout_s``: seconds without a finished step before a run is called hung.
-    A hook that fails or breaks DDP's invariant comes back disqualified, with why. ``link`` ("1gbit", "100mbit"):
-    each task also timed behind a real link of that rate, beside all-reduce (:mod:`.measured`), reported with the
-    score and never part of it or of its fingerprint.
+    ``cluster`` (the tasks whose ranks it holds; the others go where they would without it), or to fresh ones;
+    ``timeout_s``: seconds without a finished step before a run is called hung. A hook that fails or breaks DDP's
+    invariant comes back disqualified, with why. ``link`` ("1gbit", "100mbit"): each task also timed behind a real
+    link of that rate, beside all-reduce (:mod:`.measured`), reported with the score and never part of it or of
+    its fingerprint.
     """
     from ..experiment import run
 
-    result = Score(label or _label(hook), network=network.describe(), task_set=task_set_name(), versions=lab_versions())
+    tasks = tasks_of(tasks)
+    on_nodes = any(task.nodes > 1 for task in tasks)
+    result = Score(
+        label or _label(hook),
+        network=network.describe(nodes=on_nodes),
+        task_set=task_set_name(tasks),
+        versions=lab_versions(),
+    )
     for task in tasks:
         options: dict[str, Any] = {**task.run_options(), "state_options": dict(state_options or {})}
         if timeout_s is not None:
             options["timeout_s"] = timeout_s
+        ranks = cluster if cluster is not None and _fits(cluster, task) else None
         try:
-            run_result = run(hook=hook, state_factory=state_factory, cluster=cluster, fresh=fresh, **options)
+            run_result = run(hook=hook, state_factory=state_factory, cluster=ranks, fresh=fresh, **options)
         except Exception as exc:  # the hook's own failure is the score's answer, with its reason
             result.disqualified = f"failed on {task.model}: {type(exc).__name__}: {first_lines(str(exc))}"
             return result
@@ -313,12 +351,18 @@ def score(
     return result
 
 
-def task_set_name() -> str:
+def _fits(cluster, task: ChallengeTask) -> bool:
+    """Are ``cluster``'s ranks the ones ``task`` runs on (as many, on as many nodes, no link)?"""
+    return (cluster.world_size, cluster.spec.nodes, cluster.spec.link) == (task.world_size, task.nodes, None)
+
+
+def task_set_name(tasks: Sequence[ChallengeTask] = TASKS) -> str:
     """The task set's name, and the seed set where one is chosen (``COMMHOOKS_LAB_SEED_SET``): it moves every
     task's seed, so its scores compare only with scores under the same one."""
     from ..engine.seed_set import SEED_SET_VARIABLE, effective_seed
 
-    return TASK_SET if effective_seed(0) == 0 else f"{TASK_SET}, seed set {os.environ[SEED_SET_VARIABLE].strip()}"
+    name = task_set_of(tasks)
+    return name if effective_seed(0) == 0 else f"{name}, seed set {os.environ[SEED_SET_VARIABLE].strip()}"
 
 
 def ranked(scores: Sequence[Score]) -> list[Score]:
@@ -327,11 +371,13 @@ def ranked(scores: Sequence[Score]) -> list[Score]:
 
 
 def baselines(
-    cluster=None, tasks: Sequence[ChallengeTask] = TASKS, network: ReferenceNetwork = REFERENCE_NETWORK
+    cluster=None, tasks: str | Sequence[ChallengeTask] = TASKS, network: ReferenceNetwork = REFERENCE_NETWORK
 ) -> list[Score]:
-    """The lab's reference hooks (:data:`BASELINES`) scored, best first: what beating PowerSGD means."""
+    """The lab's reference hooks (:func:`baseline_specs`) scored, best first: what beating PowerSGD means."""
+    tasks = tasks_of(tasks)
+    specs = baseline_specs(tasks)
     return ranked(
-        [score(spec, label=name, cluster=cluster, tasks=tasks, network=network) for name, spec in BASELINES.items()]
+        [score(spec, label=name, cluster=cluster, tasks=tasks, network=network) for name, spec in specs.items()]
     )
 
 

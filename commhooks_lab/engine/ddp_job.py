@@ -117,7 +117,7 @@ def _train(ctx, config: ExperimentConfig, choice: HookChoice) -> dict:
     flush(final=True)  # the last step's gradients go to rank 0 for the sample
     digest = param_digest(task.model)
     if not ctx.is_main:
-        return {"rank": ctx.rank, "param_digest": digest}
+        return {"rank": ctx.rank, "param_digest": digest, "link_totals": probe.link_totals}
     final_accuracy = accuracy(task.model, task.test, ctx.device) if task.test is not None else math.nan
     if config.compile == "compiled_autograd":
         setup.notes.append(_uncounted_bytes(steps))
@@ -128,6 +128,7 @@ def _train(ctx, config: ExperimentConfig, choice: HookChoice) -> dict:
     return {
         "rank": 0,
         "param_digest": digest,
+        "link_totals": probe.link_totals,
         "steps": steps,
         "layers": layers,
         "notes": setup.notes,
@@ -158,6 +159,8 @@ COUNTED = (
     "ring_bytes",
     "intra_bytes",
     "inter_bytes",
+    "intra_hops",
+    "inter_hops",
     "allgather_bytes",
     "allgather_calls",
     "collective_calls",

@@ -160,6 +160,7 @@ def fsdp2_job(ctx, config, choice) -> dict:
             **{f"{op}_bytes": n for op, n in counted[0].items()},
         }
         row["intra_bytes"], row["inter_bytes"] = float(counter.intra_bytes), float(counter.inter_bytes)  # by group
+        row["intra_hops"], row["inter_hops"] = counter.intra_hops, counter.inter_hops
         steps.append(row)
         sizes = [p.numel() for p in local.parameters()]
         for name, size, hp, ep in zip(names, sizes, h.split(sizes), exact.split(sizes)):

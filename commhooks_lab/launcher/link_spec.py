@@ -145,9 +145,9 @@ def as_link(spec: object, name: str = "link") -> Link | None:
 def link_notes(link: Link | None, topology: Any = None) -> list[str]:
     """What a result behind ``link`` should say about its network: the link (or the nodes, ``topology``: a
     :class:`~.topology.Topology`, whose uplink ``link`` is; not imported here, it imports this), and any latency
-    not added."""
+    not added. Nodes without a link (by name only) say that their times are loopback's."""
     if link is None:
-        return []
+        return [] if topology is None else [f"nodes: {topology.describe()}"]
     from .netns_switch import facts
 
     notes = [f"link: {link.describe() if topology is None else topology.describe()}"]

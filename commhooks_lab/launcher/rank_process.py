@@ -188,7 +188,7 @@ def worker_main(
     channel = Channel(conn, rank)
     try:
         topology = spec.topology
-        if topology is not None:
+        if topology is not None and topology.uplink is not None:
             from .netns_switch import join_node
 
             # gloo's only way out of this rank's namespace, onto its node's switch

@@ -72,7 +72,7 @@ class RankSpec:
     @property
     def topology(self) -> Topology | None:
         """The nodes and their links, or None: every rank on one switch (``nodes=1``)."""
-        if self.nodes == 1 or self.link is None:
+        if self.nodes == 1:
             return None
         return Topology(self.nodes, self.world_size // self.nodes, self.link, self.intra_link)
 

@@ -7,7 +7,11 @@ uplink to a top switch, with htb at ``link=``'s rate each way: a NIC on a switch
 two ranks of a node sending across at once get half the rate each. :mod:`.netns_switch` builds it.
 
 What ``link=`` means: without ``nodes=`` (``nodes=1``), each rank's own link into one switch; with ``nodes=2``
-or more, each node's uplink. Stdlib only, like :mod:`.link_spec`: the rank receives it before torch loads.
+or more, each node's uplink. ``nodes=2`` without ``link=`` gives nodes by name only: each rank knows its node
+(``LOCAL_WORLD_SIZE``, ``GROUP_RANK``), so hierarchical hooks run and the probe counts bytes and ring steps per
+level, but every rank talks over this machine's loopback, so only a model can say how long the nodes would take.
+That needs no namespaces: the hook challenge's two-node task runs this way on any machine. Stdlib only, like
+:mod:`.link_spec`: the rank receives it before torch loads.
 """
 
 from __future__ import annotations
@@ -22,12 +26,12 @@ __all__ = ["check_topology", "Topology"]
 
 @dataclass(frozen=True)
 class Topology:
-    """``nodes`` nodes of ``ranks_per_node`` ranks each; each node behind ``uplink``, each rank behind ``intra``
-    (None: no limit) inside its node."""
+    """``nodes`` nodes of ``ranks_per_node`` ranks each; each node behind ``uplink`` (None: nodes by name only, no
+    network built), each rank behind ``intra`` (None: no limit) inside its node."""
 
     nodes: int
     ranks_per_node: int
-    uplink: Link
+    uplink: Link | None
     intra: Link | None = None
 
     @property
@@ -49,11 +53,19 @@ class Topology:
     @property
     def spec(self) -> str:
         """``2 nodes x 2 ranks, 100mbit uplinks``: as results record it."""
+        if self.uplink is None:
+            return f"{self.nodes} nodes x {self.ranks_per_node} ranks, by name only (loopback)"
         inside = "" if self.intra is None else f", {self.intra.spec} inside"
         return f"{self.nodes} nodes x {self.ranks_per_node} ranks, {self.uplink.spec} uplinks{inside}"
 
     def describe(self) -> str:
         """What the ranks sat behind, for a result's notes."""
+        if self.uplink is None:
+            return (
+                f"{self.world_size} ranks on {self.nodes} nodes of {self.ranks_per_node} by name only: each rank "
+                "knows its node, but all of them talk over this machine's loopback, so times say nothing of the "
+                "nodes (the bytes and ring steps per level are exact: a model turns them into time)"
+            )
         if self.intra is None:
             inside = "a veth each into their node's switch without a rate limit (loopback speed)"
         else:
@@ -96,13 +108,17 @@ def check_topology(world_size: int, nodes: object, link: Link | None, intra_link
         return None
     example = f"e.g. RankSpec({world_size}, nodes={count}, link='100mbit')"
     if link is None:
-        raise ValueError(
-            f"nodes={count} needs link=, the rate of each node's uplink (the only way between nodes), {example}; "
-            "without a network between them the nodes would be one machine's loopback"
-        )
+        if intra_link is not None:
+            raise ValueError(
+                f"intra_link= limits the link inside a node, but without link= the nodes have no network to limit "
+                f"(nodes by name only, on loopback): give each node's uplink too, {example[:-1]}, "
+                f"intra_link={intra_link!r}), or leave out intra_link="
+            )
+        return Topology(count, world_size // count, None)
     if link.rate_bits is None:
         raise ValueError(
             f"nodes={count} with link='unlimited' makes the nodes one: give the uplink a rate, {example}, or "
+            "leave out link= for nodes by name only (each rank knows its node; every rank on loopback), or "
             "leave out nodes="
         )
     if intra is not None and intra.rate_bits is not None and intra.rate_bits < link.rate_bits:

@@ -33,6 +33,11 @@ Counting rules (W = the size of the ``group`` the call names, positional or keyw
   r // ``LOCAL_WORLD_SIZE``, which torchrun and the lab's ranks set; unset: one node). So a flat all-reduce over
   ranks on two nodes counts whole as ``inter_bytes``: in a ring every step has a hop that crosses nodes, and
   the hops are sequential, so the crossing hops set the time.
+- ``intra_hops`` and ``inter_hops`` count, by the same split, the call's sequential steps under that algorithm,
+  each paying one link latency α: 2(W-1) for an all-reduce, W-1 for an all-gather, a reduce-scatter, an
+  all-to-all and the rooted ops (a ring or a chain, as :func:`~commhooks_lab.studies.network.two_level_seconds`
+  models a node's reduce and broadcast), 1 for a send (or a batch holding sends), 0 for a receive (the sender
+  counts it). With the bytes they give any hook's two-level time, a learner's own hierarchy included.
 - A call counts once: wrappers that call each other (``all_gather_into_tensor`` ->
   ``all_gather_single``, ``recv`` -> ``irecv``, object collectives -> ``all_gather``) are
   counted at the outermost patched call only (a per-thread depth guard).
@@ -63,6 +68,7 @@ __all__ = [
     "crosses_nodes",
     "GATHER_OPS",
     "GLOO_BYTES_PER_MESSAGE",
+    "hops",
     "PayloadCounter",
     "RULES",
     "unexplained_note",
@@ -236,6 +242,20 @@ RULES: dict[str, Callable[[_Call], _Count]] = {
     "irecv": _receive,
     "batch_isend_irecv": _batch_isend_irecv,
 }
+#: The calls whose bandwidth-optimal algorithm takes 2(W-1) steps (reduce-scatter, then all-gather); the rest of
+#: the collectives take W-1, and point-to-point ones 1 for a send and 0 for a receive (:func:`hops`).
+_TWO_PASSES = frozenset({"all_reduce", "all_reduce_coalesced"})
+_POINT_TO_POINT = frozenset({"send", "isend", "recv", "irecv", "batch_isend_irecv"})
+
+
+def hops(name: str, world: int, sends: bool) -> int:
+    """Sequential steps of collective ``name`` on a group of ``world`` ranks, each one link latency (the module's
+    docstring); ``sends``: does this rank send anything in it (for point-to-point calls)."""
+    if name in _POINT_TO_POINT:
+        return int(sends)
+    return (2 if name in _TWO_PASSES else 1) * (world - 1)
+
+
 #: The all-gather family: their copies multiply with the world size (the network model reads them apart).
 GATHER_OPS = frozenset(name for name in RULES if "all_gather" in name)
 
@@ -320,10 +340,13 @@ class PayloadCounter:
         with self._lock:
             self.payload_bytes += count.payload
             self.ring_bytes += count.ring
+            steps = hops(name, call.world, count.payload > 0)
             if between:
                 self.inter_bytes += count.ring
+                self.inter_hops += steps
             else:
                 self.intra_bytes += count.ring
+                self.intra_hops += steps
             self.wire_bound += count.wire
             self.messages += count.messages
             self.calls[name] = self.calls.get(name, 0) + 1
@@ -333,6 +356,7 @@ class PayloadCounter:
         with self._lock:
             self.payload_bytes, self.ring_bytes, self.wire_bound, self.messages = 0, 0.0, 0.0, 0
             self.intra_bytes, self.inter_bytes = 0.0, 0.0
+            self.intra_hops, self.inter_hops = 0, 0
             self.calls: dict[str, int] = {}
             self.bytes_by_op: dict[str, int] = {}
 

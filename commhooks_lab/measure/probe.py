@@ -16,6 +16,7 @@ h = the gradient the hook leaves in ``param.grad``):
 - ``ring_bytes``: what a bandwidth-optimal algorithm sends from this rank: 2(W-1)/W x payload
   for all-reduce, (W-1) x payload for all-gather (every rule in :mod:`commhooks_lab.measure.payload`)
 - ``intra_bytes``, ``inter_bytes``: ``ring_bytes`` on groups inside one node, and on groups that span nodes
+- ``intra_hops``, ``inter_hops``: the sequential steps of those calls' algorithms, each one link latency
 - ``wire_bytes``: what the rank process really wrote during the backward pass (Linux)
 - ``rank_spread`` = max over parameters of max |h_r - h_0|: 0 is DDP's invariant
 - ``cumulative_rel_error`` = ||sum_t (h_t - exact_t)|| / ||sum_t exact_t||
@@ -45,6 +46,10 @@ from .payload import GATHER_OPS, PayloadCounter, unexplained_note, unexplained_w
 from .scratch import Scratch
 
 __all__ = ["Probe"]
+
+
+#: What every rank sums over its steps, per level (:attr:`Probe.link_totals`).
+LINK_COUNTS = ("intra_bytes", "inter_bytes", "intra_hops", "inter_hops")
 
 
 def _row_dtype(params: list[torch.Tensor]) -> torch.dtype:
@@ -98,6 +103,9 @@ class Probe:
         self.uncompressed_bytes = 0
         self.buckets = 0
         self.records: list[dict] = []
+        #: this rank's sums over the steps flushed so far (since this probe was made): the network model's time
+        #: for the busiest rank, not only rank 0 (whose records alone reach the notebook)
+        self.link_totals: dict[str, float] = dict.fromkeys(LINK_COUNTS, 0.0)
         self.notes: list[str] = []
         self._wire_start: int | None = None
         self._wire_gaps: list[float] = []
@@ -186,6 +194,8 @@ class Probe:
             "ring_bytes": counter.ring_bytes,
             "intra_bytes": counter.intra_bytes,  # ring_bytes on groups inside one node (payload.py)
             "inter_bytes": counter.inter_bytes,  # ring_bytes on groups that span nodes
+            "intra_hops": counter.intra_hops,  # the ring's sequential steps on those groups, one latency each
+            "inter_hops": counter.inter_hops,
             "wire_bytes": wire,
             "allgather_bytes": sum(b for op, b in counter.bytes_by_op.items() if op in GATHER_OPS),
             "allgather_calls": sum(c for op, c in counter.calls.items() if op in GATHER_OPS),
@@ -223,6 +233,8 @@ class Probe:
         record["ring_bytes"] += counter.ring_bytes
         record["intra_bytes"] += counter.intra_bytes
         record["inter_bytes"] += counter.inter_bytes
+        record["intra_hops"] += counter.intra_hops
+        record["inter_hops"] += counter.inter_hops
         record["allgather_bytes"] += gathered
         record["allgather_calls"] += sum(c for op, c in counter.calls.items() if op in GATHER_OPS)
         record["collective_calls"] += sum(counter.calls.values())
@@ -260,6 +272,9 @@ class Probe:
         """
         final = not self.should_flush() if final is None else final
         records, self.records = self.records, []
+        for record in records:
+            for key in LINK_COUNTS:
+                self.link_totals[key] += record[key]
         out = self._measure_records(records) if records else ([], [])
         if self.measure_enabled and self._meter.last is not None and (final or self.world_size == 1):
             self._collect_last()

@@ -2,8 +2,8 @@
 broadcast inside; subgroups made once; the probe's bytes inside and between nodes.
 
 Four plain ranks (one Cluster for the module) check the numbers, with the node size given as ``ranks_per_node``;
-one run on two nodes behind a link checks the byte columns, which need the ranks to know their nodes (it skips
-where the machine refuses namespaces, as ``test_topology.py`` does).
+one run on two nodes by name only (no link, so no namespaces needed) checks the byte and hop columns, which need the
+ranks to know their nodes.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ import pytest
 import commhooks_lab as lab
 from commhooks_lab.hooks.compressors import TopK
 from commhooks_lab.hooks.hierarchical import node_size
-from commhooks_lab.launcher import WorkerError, netns_switch
+from commhooks_lab.launcher import WorkerError
 
 pytestmark = pytest.mark.usefixtures("no_leftover_processes")
-WHY_NOT = netns_switch.why_unavailable()
-needs_links = pytest.mark.skipif(WHY_NOT is not None, reason=f"no private network here: {WHY_NOT}")
 W = 4
 #: the MLP's parameter shapes (digits 64-128-10): the top-k leg's payload, by TopK's own byte rule
 MLP_SHAPES = [(128, 64), (128,), (10, 128), (10,)]
@@ -146,14 +144,15 @@ def test_a_node_size_that_does_not_divide_the_world_is_refused(four, monkeypatch
     assert node_size(0, 1) == 1 and node_size(2, 4) == 2
 
 
-@needs_links
-def test_bytes_inside_and_between_nodes_follow_the_rule():
-    """On 2 nodes x 2, rank 0 (node 0's leader), per step, S the float32 bucket: the flat all-reduce's ring bytes
-    2(W-1)/W S all between nodes (its group spans them); the hierarchical hook's reduce ((L-1)/L S on the leader)
-    and broadcast (S) inside, and its leg between: 2(N-1)/N of the float32, the fp16, or the top-k payload
-    (all-gathered: (N-1) x it)."""
+def test_bytes_and_hops_inside_and_between_nodes_follow_the_rule():
+    """On 2 nodes x 2 (by name only: the counts need no link), rank 0 (node 0's leader), per step, S the float32
+    bucket: the flat all-reduce's ring bytes 2(W-1)/W S all between nodes (its group spans them); the hierarchical
+    hook's reduce ((L-1)/L S on the leader) and broadcast (S) inside, and its leg between: 2(N-1)/N of the float32,
+    the fp16, or the top-k payload (all-gathered: (N-1) x it). The ring steps the probe counts per level are the
+    ones the two-level model infers from the calls."""
     specs = ["allreduce", "hierarchical", "hierarchical_fp16", "hierarchical_topk"]
-    flat, f32, f16, topk = lab.compare(specs, steps=3, world_size=W, nodes=2, link="1gbit", fresh=True)
+    flat, f32, f16, topk = lab.compare(specs, steps=3, world_size=W, nodes=2, fresh=True)
+    assert any("on 2 nodes of 2 by name only" in note for note in flat.notes), flat.notes
     s = flat.steps["uncompressed_bytes"].iloc[0]
     inside = s / 2 + s
     expected = {
@@ -163,6 +162,7 @@ def test_bytes_inside_and_between_nodes_follow_the_rule():
         "topk": (topk, inside, sum(TopK(0.01).payload_bytes(shape) for shape in MLP_SHAPES)),
     }
     shapes = lab.network.parameter_shapes(lab.models.build_task("mlp", 0).model)
+    net = lab.network.TwoLevelNetwork(1.0, 100.0, 5.0, 1.0, nodes=2, ranks_per_node=2)
     for name, (result, intra, inter) in expected.items():
         steps = result.steps
         rule = lab.network.two_level_rule(shapes, result.config["hook"], result.config["state_options"])
@@ -170,5 +170,8 @@ def test_bytes_inside_and_between_nodes_follow_the_rule():
         assert (steps["intra_bytes"] == intra).all() and (steps["inter_bytes"] == inter).all(), (
             name, steps[["intra_bytes", "inter_bytes"]].values.tolist(), intra, inter)  # fmt: skip
         assert (steps["intra_bytes"] + steps["inter_bytes"] == steps["ring_bytes"]).all(), name
+        inferred = lab.network.two_level_hops(rule, net)
+        assert (steps["inter_hops"] == inferred[0]).all() and (steps["intra_hops"] == inferred[1]).all(), (
+            name, steps[["inter_hops", "intra_hops"]].values.tolist(), inferred)  # fmt: skip
     assert (f32.steps["rel_error"] < 2**-22).all() and (flat.steps["rel_error"] < 2**-22).all()
     assert (topk.steps["rank_spread"] == 0).all()

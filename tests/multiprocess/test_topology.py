@@ -64,7 +64,7 @@ def test_nodes_are_consecutive_ranks_and_link_is_then_each_nodes_uplink(monkeypa
         ({"nodes": -2}, "nodes must be at least 1"),
         ({"nodes": 2.0}, r"nodes must be a whole number of nodes \(nodes=2\)"),
         ({"nodes": True}, "nodes must be a whole number"),
-        ({"nodes": 2, "link": None}, "nodes=2 needs link=, the rate of each node's uplink"),
+        ({"nodes": 2, "link": None, "intra_link": "1gbit"}, "without link= the nodes have no network to limit"),
         ({"nodes": 2, "link": "unlimited"}, "link='unlimited' makes the nodes one: give the uplink a rate"),
         ({"nodes": 2, "link": "100mbps"}, "'mbps' means bytes per second"),
         ({"nodes": 2, "link": "100mbit", "intra_link": "100mbps"}, r"intra_link='100mbps': 'mbps' means bytes"),
@@ -89,6 +89,18 @@ def test_a_bad_topology_is_refused_before_any_process_starts(options, says, monk
         with pytest.raises((ValueError, TypeError), match=says):
             lab.run(world_size=4, steps=2, fresh=True, **options)
     assert live_children() == before
+
+
+def test_nodes_without_a_link_are_nodes_by_name_only_and_need_no_namespaces(monkeypatch):
+    """Each rank knows its node, nothing is built: what the challenge's two-node task runs on, anywhere."""
+    monkeypatch.setattr(netns_switch, "why_unavailable", lambda: "user namespaces are refused here")
+    spec = RankSpec(4, nodes=2)
+    assert spec.topology == Topology(2, 2, None) and spec.link is None
+    assert spec.describe() == "4 ranks on 2 nodes x 2 ranks, by name only (loopback)"
+    assert "times say nothing of the nodes" in spec.topology.describe()
+    assert ExperimentConfig(world_size=4, nodes=2).rank_spec() == spec != RankSpec(4)
+    with pytest.raises(netns_switch.NetworkUnavailableError, match="user namespaces are refused here"):
+        RankSpec(4, nodes=2, link="1gbit")  # a real uplink still needs them
 
 
 def test_under_torchrun_the_nodes_are_the_real_ones():
@@ -278,7 +290,7 @@ def test_runs_on_nodes_give_the_same_numbers_as_runs_without():
     for a, b in zip(flat, nodes):
         assert (b.config["nodes"], b.config["link"], a.config["nodes"]) == (2, "1gbit", 1)
         assert b.final["param_digests"] == a.final["param_digests"], a.name
-        where = ["step_time_s", "intra_bytes", "inter_bytes"]  # the time, and which level the bytes crossed
+        where = ["step_time_s", "intra_bytes", "inter_bytes", "intra_hops", "inter_hops"]  # the time, and levels
         assert b.steps.drop(columns=where).equals(a.steps.drop(columns=where)), a.name
         assert (a.steps["inter_bytes"] == 0).all() and (b.steps["inter_bytes"] == b.steps["ring_bytes"]).all()
         assert any("on 2 nodes of 2" in n and "one uplink limited to 1gbit" in n for n in b.notes), b.notes

@@ -21,6 +21,7 @@ __all__ = [
     "traffic",
     "two_level_rule",
     "two_level_seconds",
+    "two_level_hops",
     "two_level_traffic",
     "TwoLevelNetwork",
 ]
@@ -239,6 +240,17 @@ def two_level_rule(
     }
 
 
+def two_level_hops(t: Mapping, net: TwoLevelNetwork) -> tuple[float, float]:
+    """(hops between nodes, hops inside a node) of a step: the probe's counts where ``t`` has them
+    (``inter_hops``, ``intra_hops``: any hook, a learner's own hierarchy included), else from its calls, as
+    :func:`two_level_traffic` and :func:`two_level_rule` give them for flat and the lab's hierarchical hooks."""
+    if "inter_hops" in t:
+        return t["inter_hops"], t["intra_hops"]
+    group = net.nodes if t["hierarchical"] else net.nodes * net.ranks_per_node
+    inter = 2 * (group - 1) * t["inter_allreduce_calls"] + (group - 1) * t["inter_allgather_calls"]
+    return inter, t["intra_calls"] * (net.ranks_per_node - 1)
+
+
 def two_level_seconds(t: Mapping, net: TwoLevelNetwork) -> float:
     """A step's communication on two levels: hops x alpha + bytes over the busiest link / bandwidth, per level.
 
@@ -249,10 +261,6 @@ def two_level_seconds(t: Mapping, net: TwoLevelNetwork) -> float:
     each, the leader's ``intra_bytes`` at the intra rate), then the leaders' leg, a ring over the N leaders
     (2(N-1) hops per all-reduce, N-1 per all-gather) with ``inter_bytes`` through the uplink, one after the other.
     """
-    group = net.nodes if t["hierarchical"] else net.nodes * net.ranks_per_node
-    hops = 2 * (group - 1) * t["inter_allreduce_calls"] + (group - 1) * t["inter_allgather_calls"]
-    seconds = hops * net.inter_alpha_us * 1e-6 + t["inter_bytes"] * 8 / (net.inter_gbps * 1e9)
-    if t["hierarchical"]:
-        seconds += t["intra_calls"] * (net.ranks_per_node - 1) * net.intra_alpha_us * 1e-6
-        seconds += t["intra_bytes"] * 8 / (net.intra_gbps * 1e9)
-    return seconds
+    inter, intra = two_level_hops(t, net)
+    seconds = inter * net.inter_alpha_us * 1e-6 + t["inter_bytes"] * 8 / (net.inter_gbps * 1e9)
+    return seconds + intra * net.intra_alpha_us * 1e-6 + t["intra_bytes"] * 8 / (net.intra_gbps * 1e9)
