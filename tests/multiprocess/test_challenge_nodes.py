@@ -42,3 +42,23 @@ def test_the_busiest_rank_sets_the_time_not_rank_0(four):
     part = score_task(result, NODES)
     assert part["t_hook_s"] == two_level_seconds(counts[1], net) > two_level_seconds(counts[0], net)
     assert part["rank_spread"] == 0 and result.ranks_agree
+
+
+def test_the_sandbox_scores_the_two_node_task_as_the_learner_does(tmp_path, four):
+    """The two-node task runs in the sandbox too (no link: nothing its namespaces refuse), with the same bits."""
+    import inspect
+
+    import _challenge_hooks as hooks
+
+    from commhooks_lab.challenge.sandbox import Budget, score_file
+
+    entry = tmp_path / "leaders_off_rank_zero.py"
+    entry.write_text(
+        "import torch\nimport torch.distributed as dist\n\n\n"
+        + "\n\n".join(inspect.getsource(f) for f in (hooks.second_rank_leads, hooks.leaders_off_rank_zero))
+        + "\n\nmake_state = second_rank_leads\nhook = leaders_off_rank_zero\n"
+    )
+    boxed = score_file(entry, tasks=(NODES,), budget=Budget(wall_s=120, stall_s=10, memory_bytes=2 << 30))
+    own = score(hooks.leaders_off_rank_zero, state_factory=hooks.second_rank_leads, tasks=(NODES,), cluster=four)
+    assert boxed.value is not None, boxed.disqualified
+    assert boxed.fingerprint == own.fingerprint and boxed.tasks == own.tasks
