@@ -180,7 +180,14 @@ def _challenge_score(args: argparse.Namespace) -> int:
 def _challenge_leaderboard(args: argparse.Namespace) -> int:
     from .challenge.leaderboard import leaderboard
 
-    page = leaderboard(args.dir, out=args.out, tasks=args.task_set, baselines=not args.no_baselines, link=args.link)
+    page = leaderboard(
+        args.dir,
+        out=args.out,
+        tasks=args.task_set,
+        baselines=not args.no_baselines,
+        link=args.link,
+        rank_python=args.rank_python,
+    )
     print(f"wrote {page}")
     return 0
 
@@ -286,6 +293,13 @@ def build_parser() -> argparse.ArgumentParser:
     board.add_argument("--no-baselines", action="store_true", help="leave the lab's reference hooks off the page")
     board.add_argument("--link", default=None, help=_MEASURED_HELP)
     board.add_argument("--task-set", default=TASK_SET, choices=list(TASK_SETS), help=_TASK_SET_HELP)
+    board.add_argument(
+        "--rank-python",
+        default=None,
+        metavar="EXECUTABLE",
+        help="spawn every run's ranks with this interpreter, e.g. a script that execs qemu-x86_64 -cpu Haswell-v4 "
+        "python: the page made on another CPU, to compare with this one's",
+    )
     board.set_defaults(func=_challenge_leaderboard)
     notebooks = sub.add_parser("notebooks", help="copy the course (notebooks, glossary, teaching notes) into DIR")
     notebooks.add_argument("dir", metavar="DIR", help="folder for the course (made if missing)")

@@ -91,9 +91,11 @@ def build(
     budget: Budget = DEFAULT_BUDGET,
     baselines: bool = True,
     link: str | None = None,
+    rank_python: str | None = None,
 ) -> list[Score]:
     """Every submission in ``folder`` scored in its sandbox on ``tasks`` (a set's name or the tasks), and the lab's
-    baselines (by name) beside them."""
+    baselines (by name) beside them; ``rank_python``: the interpreter every run's ranks are spawned with (a wrapper
+    running Python under qemu's other CPU, say: :mod:`.sandbox`)."""
     tasks = tasks_of(tasks)
     scores = []
     for path in submission_paths(folder):
@@ -103,12 +105,13 @@ def build(
             why = f"not readable as a submission: {exc}"
             scores.append(Score(path.stem, disqualified=why, task_set=task_set_name(tasks)))
             continue
-        scored = score_submission(submission, tasks, budget, link=link)
+        scored = score_submission(submission, tasks, budget, link=link, rank_python=rank_python)
         scored.versions["source_sha256"] = submission.source_sha256
         scores.append(scored)
     if baselines:
         for name, spec in baseline_specs(tasks).items():
-            scored = score_submission(Submission(f"baseline: {name}", _baseline_source(spec)), tasks, budget, link=link)
+            entry = Submission(f"baseline: {name}", _baseline_source(spec))
+            scored = score_submission(entry, tasks, budget, link=link, rank_python=rank_python)
             scores.append(scored)
     return ranked(scores)
 
@@ -125,12 +128,13 @@ def leaderboard(
     budget: Budget = DEFAULT_BUDGET,
     baselines: bool = True,
     link: str | None = None,
+    rank_python: str | None = None,
 ) -> Path:
     """Score every submission in ``folder`` and write the page (default: ``folder/leaderboard.html``)."""
     from ..safe_files import Folder
 
     tasks = tasks_of(tasks)
-    scores = build(folder, tasks, budget, baselines, link)
+    scores = build(folder, tasks, budget, baselines, link, rank_python)
     page = render(scores, isolation()[1], tasks).encode()
     target = Path(out) if out is not None else Path(folder) / PAGE
     with Folder.open(target.parent, "give a folder you can write the leaderboard to") as where:

@@ -10,6 +10,8 @@ submission. It screens the source (:mod:`.screen`), copies it into a new private
   own loopback (its ranks then get the lab's private network inside it), and a PID namespace, so that every
   process it starts, forked ones included, dies with it;
 - with its folder as working directory, ``HOME`` and ``TMPDIR``, and a minimal environment;
+- its ranks, where ``rank_python`` names an interpreter (a wrapper that runs Python under ``qemu-x86_64 -cpu
+  Haswell-v4``, say), spawned with it: the leaderboard made on another CPU, to compare with this one's;
 - for at most :attr:`Budget.wall_s` seconds of wall-clock time, and :attr:`Budget.stall_s` without a finished
   step; then its whole session is killed.
 
@@ -75,9 +77,12 @@ _UNSHARE = [
 
 #: Run inside the new mount namespace: its folder stays writable, every other mount becomes read-only (``/proc``,
 #: the PID namespace's own, stays writable: the ranks' own private network writes its user namespace's maps there),
-#: and ``/dev/shm`` is a new tmpfs of its own. ``$1``: the folder; the rest: the command.
+#: and ``/dev/shm`` is a new tmpfs of its own; its network namespace's loopback comes up (ranks spawned with
+#: ``rank_python`` meet on it; forked ones make a private network of their own). ``$1``: the folder; the rest: the
+#: command.
 _READ_ONLY_BUT_ITS_FOLDER = r"""set -e
 F="$1"; shift
+ip link set lo up 2>/dev/null || true
 mount --bind "$F" "$F"
 while read -r dev mnt rest; do
   mnt=$(printf '%b' "$mnt")
@@ -180,10 +185,11 @@ def score_submission(
     budget: Budget = DEFAULT_BUDGET,
     screened: bool = True,
     link: str | None = None,
+    rank_python: str | None = None,
 ) -> Score:
     """``submission`` screened, then scored in a child process of its own (see the module's docstring);
     ``screened=False`` skips the screen, to test the second line alone; ``link``: also timed behind one
-    (:mod:`.measured`)."""
+    (:mod:`.measured`); ``rank_python``: the interpreter its ranks are spawned with (None: forked natively)."""
     tasks = tasks_of(tasks)
     problems = screen(submission.source) if screened else []
     if problems:
@@ -213,7 +219,8 @@ def score_submission(
             **{k: os.environ[k] for k in _BITS_DEPEND_ON if k in os.environ},
         }
         read_end, write_end = os.pipe()
-        spec = json.dumps([dataclasses.asdict(t) for t in tasks] + [{"stall_s": budget.stall_s, "link": link}])
+        where = {"stall_s": budget.stall_s, "link": link, "rank_python": rank_python}
+        spec = json.dumps([dataclasses.asdict(t) for t in tasks] + [where])
         prefix = _isolated(str(own)) if isolated else []
         command = [*prefix, sys.executable, "-m", "commhooks_lab.challenge.sandbox", str(own), str(write_end), spec]
         with open(log_path, "wb") as log:
@@ -257,6 +264,7 @@ def score_file(
     tasks: str | Sequence[ChallengeTask] = TASKS,
     budget: Budget = DEFAULT_BUDGET,
     link: str | None = None,
+    rank_python: str | None = None,
 ) -> Score:
     """The submission at ``path`` (a .py file, or a notebook with cells tagged ``challenge``), scored safely."""
     try:
@@ -264,7 +272,7 @@ def score_file(
     except (OSError, ValueError) as exc:
         unread = Submission(Path(path).stem, "")
         return _disqualified(unread, f"not readable as a submission: {exc}", tasks=tasks_of(tasks))
-    return score_submission(submission, tasks, budget, link=link)
+    return score_submission(submission, tasks, budget, link=link, rank_python=rank_python)
 
 
 # -- the child's side -------------------------------------------------------------------------------------
@@ -274,14 +282,30 @@ def _timeout_reason(text: str, stall_s: float) -> str:
     return f"ran past its time budget: no step finished within {stall_s:g} s (runs forever?): {text}"
 
 
+def _spawned_with(rank_python: str, tasks: Sequence[ChallengeTask], stall_s: float, stack) -> list:
+    """Ranks for each shape of ``tasks``, spawned with the interpreter ``rank_python`` (qemu's other CPU, say):
+    multiprocessing's spawn runs it for every rank; forkserver would fork this native process instead."""
+    import multiprocessing
+
+    from ..launcher import Cluster
+
+    multiprocessing.set_executable(rank_python)
+    shapes = dict.fromkeys((task.world_size, task.nodes) for task in tasks)
+    return [
+        stack.enter_context(Cluster(size, nodes=nodes, start_method="spawn", timeout_s=stall_s))
+        for size, nodes in shapes
+    ]
+
+
 def main(argv: list[str]) -> int:
     """In the child: score ``submission:hook`` (or the registered hook its ``HOOK_SPEC`` names) on the tasks,
     write the Score's JSON to the given pipe."""
     folder, fd, spec = argv[0], int(argv[1]), json.loads(argv[2])
     os.chdir(folder)
     sys.path.insert(0, folder)
-    stall_s, link = float(spec[-1]["stall_s"]), spec[-1].get("link")
+    stall_s, link, rank_python = float(spec[-1]["stall_s"]), spec[-1].get("link"), spec[-1].get("rank_python")
     tasks = tuple(ChallengeTask(**t) for t in spec[:-1])
+    import contextlib
     import importlib
 
     from .score import score
@@ -291,7 +315,17 @@ def main(argv: list[str]) -> int:
         spec = getattr(module, "HOOK_SPEC", None)  # a registered hook by name: the lab's baselines
         hook = spec if isinstance(spec, str) and not hasattr(module, "hook") else f"{MODULE}:hook"
         state_factory = getattr(module, "make_state", None)
-        result = score(hook, state_factory=state_factory, tasks=tasks, fresh=True, timeout_s=stall_s, link=link)
+        with contextlib.ExitStack() as stack:
+            clusters = _spawned_with(rank_python, tasks, stall_s, stack) if rank_python else []
+            result = score(
+                hook,
+                state_factory=state_factory,
+                tasks=tasks,
+                cluster=clusters or None,
+                fresh=not clusters,
+                timeout_s=stall_s,
+                link=link,
+            )
     except Exception as exc:  # its import failed: the report says so
         reason = f"failed to load: {type(exc).__name__}: {exc}"
         result = Score(MODULE, disqualified=reason, task_set=task_set_name(tasks), versions=lab_versions())

@@ -308,7 +308,8 @@ def score(
     set's name (``"hook-challenge-nodes-1"`` adds the two-node task) or a sequence of tasks.
 
     ``state_factory(process_group)`` makes your hook's state; the runs go to the session's warm ranks, to
-    ``cluster`` (the tasks whose ranks it holds; the others go where they would without it), or to fresh ones;
+    ``cluster`` (one Cluster or a list: the tasks whose ranks one holds; the others go where they would without
+    it), or to fresh ones;
     ``timeout_s``: seconds without a finished step before a run is called hung. A hook that fails or breaks DDP's
     invariant comes back disqualified, with why. ``link`` ("1gbit", "100mbit"): each task also timed behind a real
     link of that rate, beside all-reduce (:mod:`.measured`), reported with the score and never part of it or of
@@ -328,9 +329,11 @@ def score(
         options: dict[str, Any] = {**task.run_options(), "state_options": dict(state_options or {})}
         if timeout_s is not None:
             options["timeout_s"] = timeout_s
-        ranks = cluster if cluster is not None and _fits(cluster, task) else None
+        ranks = next((c for c in _clusters(cluster) if _fits(c, task)), None)
         try:
-            run_result = run(hook=hook, state_factory=state_factory, cluster=ranks, fresh=fresh, **options)
+            run_result = run(
+                hook=hook, state_factory=state_factory, cluster=ranks, fresh=fresh and ranks is None, **options
+            )
         except Exception as exc:  # the hook's own failure is the score's answer, with its reason
             result.disqualified = f"failed on {task.model}: {type(exc).__name__}: {first_lines(str(exc))}"
             return result
@@ -349,6 +352,13 @@ def score(
                 {"task": "-", "link": link, "unmeasured": f"{type(exc).__name__}: {first_lines(str(exc))}"}
             ]
     return result
+
+
+def _clusters(cluster) -> list:
+    """``cluster``: None, one Cluster, or several (one per shape of ranks the tasks need)."""
+    if cluster is None:
+        return []
+    return list(cluster) if isinstance(cluster, list | tuple) else [cluster]
 
 
 def _fits(cluster, task: ChallengeTask) -> bool:

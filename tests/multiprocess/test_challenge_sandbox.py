@@ -74,6 +74,23 @@ def test_under_another_seed_set_the_sandbox_scores_what_the_learner_scores(monke
     assert own.fingerprint == sandboxed.fingerprint
 
 
+def test_the_ranks_run_under_the_interpreter_the_instructor_names(tmp_path, cluster):
+    """``rank_python`` (``--rank-python``): every rank is spawned with it, as qemu's other CPU would run them; one
+    that exits shows it is used, one that execs this Python scores what the learner scores."""
+    failing, passing = tmp_path / "fails", tmp_path / "python"
+    failing.write_text("#!/bin/sh\nexit 3\n")
+    passing.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    for wrapper in (failing, passing):
+        wrapper.chmod(0o755)
+    entry = SUBMISSIONS / "fp16_by_hand.py"
+    refused = score_file(entry, tasks=TASKS, budget=BUDGET, rank_python=str(failing))
+    assert refused.value is None and "rank 0 exited with code 3 while starting" in refused.disqualified
+    from challenge_submissions import fp16_by_hand
+
+    wrapped = score_file(entry, tasks=TASKS, budget=BUDGET, rank_python=str(passing))
+    assert wrapped.fingerprint == score(fp16_by_hand.hook, tasks=TASKS, cluster=cluster).fingerprint
+
+
 def test_what_gets_past_the_screen_meets_the_budgets(tmp_path):
     scores = {s.label: s for s in build(_folder(tmp_path, BUDGETED), tasks=TASKS, budget=BUDGET, baselines=False)}
     for label, reason in BUDGETED.items():
