@@ -39,6 +39,7 @@ from pathlib import Path
 
 from ..engine.seed_set import SEED_SET_VARIABLE
 from ..launcher import numerics
+from ..launcher.store import CHECKED_ABOVE_VARIABLE, no_one_else_can_move
 from ..safe_files import Folder, parse_json
 from .score import Score, first_lines, lab_versions, task_set_name
 from .screen import screen
@@ -205,6 +206,11 @@ def score_submission(
         (own / "tmp").mkdir(mode=0o700)
         with Folder.open(own, "the lab made this folder") as folder:
             folder.write(f"{MODULE}.py", submission.source.encode())
+        if not no_one_else_can_move(str(own)):
+            raise PermissionError(
+                f"the sandbox's folder {own} is in a place another account can rename: set TMPDIR to a folder only "
+                "you can write to"
+            )
         log_path = scratch_path / "log.txt"
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -214,6 +220,8 @@ def score_submission(
             "PYTHONDONTWRITEBYTECODE": "1",
             "COMMHOOKS_LAB_PREWARM": "0",
             "LANG": "C.UTF-8",
+            # checked just above, outside the child's user namespace, where it could not read the owners above it
+            CHECKED_ABOVE_VARIABLE: str(own),
             # what the score's bits depend on, as in the learner's own kernel: a notebook under another seed set,
             # numerics mode or kernel choice and its sandbox then agree (the first two named in the score)
             **{k: os.environ[k] for k in _BITS_DEPEND_ON if k in os.environ},

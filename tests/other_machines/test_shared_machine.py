@@ -208,6 +208,31 @@ def test_a_folder_another_account_owns_is_no_place_for_the_rendezvous(tmp_path):
         assert not no_one_else_can_move(str(theirs / "below"))
 
 
+@pytest.mark.skipif(why_unavailable() is not None, reason="needs user namespaces (unshare -r)")
+def test_in_a_user_namespace_the_walk_up_ends_at_the_folder_checked_outside_it(tmp_path):
+    """The challenge's sandbox child sees root's folders as an unmapped owner, as it sees another account's: its
+    parent checks the way up outside and names the folder (found as a learner: every sandboxed entry refused)."""
+    from commhooks_lab.launcher.store import CHECKED_ABOVE_VARIABLE
+
+    if os.geteuid() != 0 or _unmapped(NOBODY):
+        pytest.skip("needs root, to give a folder to nobody")
+    theirs = tmp_path / "theirs"
+    (theirs / "below").mkdir(parents=True)
+    os.chown(theirs, NOBODY, NOBODY)
+    code = "import sys; from commhooks_lab.launcher.store import no_one_else_can_move as m; print(m(sys.argv[1]))"
+
+    def asks(checked: Path | None, *prefix: str) -> str:
+        env = {k: v for k, v in os.environ.items() if k != CHECKED_ABOVE_VARIABLE}
+        env |= {CHECKED_ABOVE_VARIABLE: str(checked)} if checked else {}
+        command = [*prefix, sys.executable, "-c", code, str(theirs / "below")]
+        return subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+    assert asks(None, "unshare", "-r") == "False", "nobody's folder above: another account could move it"
+    assert asks(theirs / "below", "unshare", "-r") == "True", "the walk ends at the folder checked outside"
+    assert asks(theirs, "unshare", "-r") == "False", "the folder named is still checked itself"
+    assert asks(theirs / "below") == "False", "outside a user namespace owners can be read: the variable is ignored"
+
+
 def test_the_doctors_rendezvous_check_opens_no_store_socket(monkeypatch):
     """doctor used to open a TCPStore on every interface; its check now meets in a private FileStore."""
     import torch.distributed as dist
