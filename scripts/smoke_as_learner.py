@@ -5,7 +5,8 @@
 Run as root, from a clone anywhere. Every other check runs as root; learners do not. The account (made with
 ``useradd -m`` if absent, and removed again) clones this checkout's HEAD into a new folder of its home, which is
 0700 for the run, and runs README command 1 as written there, then README command 2 on a small subset: the
-launcher's units, two-rank Clusters, portable numerics, and notebook 1 under nbval (``TEST ...`` replaces it).
+launcher's units, two-rank Clusters, portable numerics, notebook 1 under nbval and one folder of the challenge
+scored in its sandbox (``TEST ...`` replaces it).
 Both commands are read from the README's ``<!-- command: ... -->`` blocks, never copied here.
 
 Command 1 installs everything from scratch (258 s on this busy 2-core machine: unpacking and byte-compiling
@@ -44,6 +45,8 @@ SUBSET = (
     "tests/multiprocess/test_cluster.py",
     "tests/multiprocess/test_numerics.py",
     "notebooks/01_quickstart.ipynb",
+    # the challenge's sandbox: a user namespace of the account's own, where root's folders read as nobody's
+    "tests/multiprocess/test_challenge_sandbox.py::test_the_same_folder_gives_the_same_page_and_a_learner_their_own_score",
 )
 
 

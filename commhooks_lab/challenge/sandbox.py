@@ -206,11 +206,6 @@ def score_submission(
         (own / "tmp").mkdir(mode=0o700)
         with Folder.open(own, "the lab made this folder") as folder:
             folder.write(f"{MODULE}.py", submission.source.encode())
-        if not no_one_else_can_move(str(own)):
-            raise PermissionError(
-                f"the sandbox's folder {own} is in a place another account can rename: set TMPDIR to a folder only "
-                "you can write to"
-            )
         log_path = scratch_path / "log.txt"
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -220,12 +215,12 @@ def score_submission(
             "PYTHONDONTWRITEBYTECODE": "1",
             "COMMHOOKS_LAB_PREWARM": "0",
             "LANG": "C.UTF-8",
-            # checked just above, outside the child's user namespace, where it could not read the owners above it
-            CHECKED_ABOVE_VARIABLE: str(own),
             # what the score's bits depend on, as in the learner's own kernel: a notebook under another seed set,
             # numerics mode or kernel choice and its sandbox then agree (the first two named in the score)
             **{k: os.environ[k] for k in _BITS_DEPEND_ON if k in os.environ},
         }
+        if no_one_else_can_move(str(own)):  # checked here, where the owners above it can be read; the child's user
+            env[CHECKED_ABOVE_VARIABLE] = str(own)  # namespace reads root's as nobody's (else it fails as it would)
         read_end, write_end = os.pipe()
         where = {"stall_s": budget.stall_s, "link": link, "rank_python": rank_python}
         spec = json.dumps([dataclasses.asdict(t) for t in tasks] + [where])
