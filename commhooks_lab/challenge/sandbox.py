@@ -290,14 +290,16 @@ def _spawned_with(rank_python: str, tasks: Sequence[ChallengeTask], stall_s: flo
     multiprocessing's spawn runs it for every rank; forkserver would fork this native process instead."""
     import multiprocessing
 
-    from ..launcher import Cluster
+    from ..launcher import Ranks, RankSpec
+    from ..launcher.options import DEFAULT_TIMEOUT_S
 
     multiprocessing.set_executable(rank_python)
+    ranks = stack.enter_context(Ranks(fresh=True))  # the launcher starts them, and stops them at the end
     shapes = dict.fromkeys((task.world_size, task.nodes) for task in tasks)
-    return [
-        stack.enter_context(Cluster(size, nodes=nodes, start_method="spawn", timeout_s=stall_s))
-        for size, nodes in shapes
-    ]
+    # a spawned rank imports torch before it meets the others (20 s under qemu): the stall budget still bounds
+    # each run's steps (score's timeout_s), the ranks' start gets at least the lab's default
+    start_s = max(stall_s, DEFAULT_TIMEOUT_S)
+    return [ranks(RankSpec(size, timeout_s=start_s, start_method="spawn", nodes=nodes)) for size, nodes in shapes]
 
 
 def main(argv: list[str]) -> int:
