@@ -1,0 +1,71 @@
+"""The course in another language (issue 52): paragraphs as gettext messages, fuzzy when the English changes, and a
+translated notebook that is the English one but for its finished paragraphs."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from commhooks_lab.course import translation as tr
+
+NOTEBOOKS = sorted((Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_markdown_cell_cuts_into_pieces_that_join_to_it_and_code_is_never_a_message(path):
+    notebook = nbformat.read(path, as_version=4)
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            parts = list(tr.pieces(cell.source))
+            assert "".join(text for _, text in parts) == cell.source
+            assert all(not text.lstrip().startswith(("```", "~~~")) for kind, text in parts if kind == "text")
+    assert all("```" not in message for _, message in tr.messages(notebook))
+
+
+def _write(catalog, path: Path) -> None:
+    from babel.messages.pofile import write_po
+
+    with open(path, "wb") as f:
+        write_po(f, catalog)
+
+
+def test_a_changed_english_paragraph_turns_fuzzy_and_shows_in_english_until_updated(tmp_path):
+    notebook = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_markdown_cell("# Title\n\nRanks are processes.\n\n```python\nx = 1\n```\n\nSee `ddp`."),
+            nbformat.v4.new_code_cell("print(1)"),
+        ]
+    )
+    po = tmp_path / "nb.po"
+    tr.update_catalog(po, tr.template("nb", notebook))
+    catalog = tr.read_catalog(po)
+    assert [m.id for m in catalog if m.id] == ["# Title", "Ranks are processes.", "See `ddp`."]
+    for message, korean in zip([m for m in catalog if m.id], ["# 제목", "랭크는 프로세스입니다.", "`ddp`를 보세요."]):
+        message.string = korean
+    _write(catalog, po)
+    korean = tr.translate_notebook(notebook, tr.read_catalog(po))
+    assert korean.cells[0].source == "# 제목\n\n랭크는 프로세스입니다.\n\n```python\nx = 1\n```\n\n`ddp`를 보세요."
+    assert korean.cells[1] == notebook.cells[1] and tr.counts(tr.read_catalog(po)) == tr.Counts(3, 0, 0)
+
+    notebook.cells[0].source = notebook.cells[0].source.replace("Ranks are processes.", "Ranks are OS processes.")
+    tr.update_catalog(po, tr.template("nb", notebook))
+    assert tr.counts(tr.read_catalog(po)) == tr.Counts(2, 1, 0)
+    again = tr.translate_notebook(notebook, tr.read_catalog(po))
+    assert "Ranks are OS processes." in again.cells[0].source and "# 제목" in again.cells[0].source
+
+
+@pytest.mark.parametrize(
+    ("translation", "problem"),
+    [
+        ("넓은 MLP는 30단계, 2개의 랭크에서 `fp16`으로 [여기](a.md#x)를 봅니다.", None),
+        ("넓은 MLP는 3단계, 2개의 랭크에서 `fp16`으로 [여기](a.md#x)를 봅니다.", "number missing: 30"),
+        ("넓은 MLP는 30단계, 2개의 랭크에서 fp16으로 [여기](a.md#x)를 봅니다.", "inline code missing: `fp16`"),
+        ("넓은 MLP는 30단계, 2개의 랭크에서 `fp16`으로 [여기](a.md#y)를 봅니다.", "link target missing: a.md#x"),
+        ("넓은 MLP는 30단계, 2개의 랭크에서 `bf16`으로 [여기](a.md#x)를 봅니다.", "inline code not in the English"),
+    ],
+)
+def test_a_translation_keeps_every_number_code_span_and_link_of_its_source(translation, problem):
+    source = "The wide MLP trains 30 steps on 2 ranks with `fp16`: see [here](a.md#x)."
+    problems = tr.faithfulness_problems(source, translation)
+    assert problems == [] if problem is None else any(p.startswith(problem) for p in problems), problems
+    assert tr.faithfulness_problems("1,126,410 parameters", "매개변수 1126410개") == []
