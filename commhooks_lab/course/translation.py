@@ -43,6 +43,7 @@ _CODE = re.compile(r"`[^`\n]+`")
 _LINK_TARGET = re.compile(r"\]\(([^)\s]+)[^)]*\)")
 _URL = re.compile(r"https?://[^\s)>\]]+")
 _MATH = re.compile(r"\$[^$\n]+\$")
+_HTML = re.compile(r"<[A-Za-z/][^<>]*>")
 #: Digits not inside a name (fp16, r4); Korean particles may follow them ("30단계"), so only Latin letters count.
 _NUMBER = re.compile(r"(?<![A-Za-z0-9_.])[-+−]?\d+(?:[.,]\d+)*(?![A-Za-z0-9_])")
 
@@ -216,19 +217,22 @@ def counts(catalog) -> Counts:
 def _marks(text: str) -> dict[str, Counter]:
     code = _CODE.findall(text)
     math = _MATH.findall(text)
-    targets = _LINK_TARGET.findall(text)
-    rest = _URL.sub(" ", _LINK_TARGET.sub("] ", _CODE.sub(" ", _MATH.sub(" ", text))))
+    targets = _LINK_TARGET.findall(text) + _URL.findall(_LINK_TARGET.sub("] ", _CODE.sub(" ", text)))
+    tags = _HTML.findall(_CODE.sub(" ", text))
+    rest = _HTML.sub(" ", _URL.sub(" ", _LINK_TARGET.sub("] ", _CODE.sub(" ", _MATH.sub(" ", text)))))
     return {
         "inline code": Counter(code),
         "math": Counter(math),
         "link target": Counter(targets),
+        "HTML tag": Counter(tags),
         "number": Counter(n.replace("−", "-").replace(",", "") for n in _NUMBER.findall(rest)),
     }
 
 
 def faithfulness_problems(source: str, translation: str) -> list[str]:
     """What a translation lost or added against its English source: each inline code span, math span, link target
-    and number must appear as often in both (a number's thousands separator may go)."""
+    (or bare URL), HTML tag (the glossary's anchors) and number must appear as often in both (a number's thousands
+    separator may go)."""
     problems = []
     theirs, ours = _marks(source), _marks(translation)
     for kind in theirs:

@@ -69,3 +69,15 @@ def test_a_translation_keeps_every_number_code_span_and_link_of_its_source(trans
     problems = tr.faithfulness_problems(source, translation)
     assert problems == [] if problem is None else any(p.startswith(problem) for p in problems), problems
     assert tr.faithfulness_problems("1,126,410 parameters", "매개변수 1126410개") == []
+
+
+def test_the_glossarys_anchors_and_bare_urls_count_too():
+    source = '<a id="rank"></a>**Rank**: one process of the job (https://pytorch.org/docs).'
+    korean = '<a id="rank"></a>**랭크**: 작업의 프로세스 하나 (https://pytorch.org/docs).'
+    assert tr.faithfulness_problems(source, korean) == []
+    assert tr.faithfulness_problems(source, korean.replace('<a id="rank"></a>', "")) == [
+        'HTML tag missing: </a>, <a id="rank">'
+    ]
+    assert tr.faithfulness_problems(source, korean.replace(" (https://pytorch.org/docs)", "")) == [
+        "link target missing: https://pytorch.org/docs"
+    ]
