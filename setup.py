@@ -15,6 +15,8 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).resolve().parent
 # commhooks_lab.course.COURSE_FILES
 COURSE = ("notebooks/*.ipynb", "notebooks/GLOSSARY.md", "docs/teaching.md", "docs/reference/*.md", "docs/images/*.png")
+# commhooks_lab.course.CATALOGUES: the translations, read by `notebooks --lang`
+CATALOGUES = ("locale/*/LC_MESSAGES/notebooks/*.po",)
 
 
 class BuildPyWithCourse(build_py):
@@ -23,7 +25,7 @@ class BuildPyWithCourse(build_py):
         if getattr(self, "editable_mode", False):
             return
         target = Path(self.build_lib) / "commhooks_lab" / "course"
-        for pattern in COURSE:
+        for pattern in COURSE + CATALOGUES:
             for source in sorted(ROOT.glob(pattern)):
                 copy = target / source.relative_to(ROOT)
                 copy.parent.mkdir(parents=True, exist_ok=True)

@@ -195,7 +195,7 @@ def _challenge_leaderboard(args: argparse.Namespace) -> int:
 def _notebooks(args) -> int:
     from .course import copy_course
 
-    done = copy_course(args.dir, force=args.force)
+    done = copy_course(args.dir, force=args.force, lang=args.lang)
     print(done.summary())
     return 1 if done.kept else 0
 
@@ -304,6 +304,11 @@ def build_parser() -> argparse.ArgumentParser:
     notebooks = sub.add_parser("notebooks", help="copy the course (notebooks, glossary, teaching notes) into DIR")
     notebooks.add_argument("dir", metavar="DIR", help="folder for the course (made if missing)")
     notebooks.add_argument("--force", action="store_true", help="replace notebooks you edited with the course's")
+    notebooks.add_argument(
+        "--lang",
+        default=None,
+        help="the notebooks and glossary in this language (ko: 한국어), code and outputs as in English",
+    )
     notebooks.set_defaults(func=_notebooks)
     return parser
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["COURSE_FILES", "CourseCopy", "copy_course", "course_files", "course_root"]
+__all__ = ["CATALOGUES", "COURSE_FILES", "CourseCopy", "copy_course", "course_files", "course_root"]
 
 #: What the course is, relative to its root (the repository's root, or the package's ``course`` folder).
 COURSE_FILES = (
@@ -22,6 +22,8 @@ COURSE_FILES = (
     "docs/reference/*.md",
     "docs/images/*.png",
 )
+#: Shipped beside the course but not copied out: its translations (``copy_course(lang=...)`` reads them).
+CATALOGUES = ("locale/*/LC_MESSAGES/notebooks/*.po",)
 
 
 def course_root() -> Path:

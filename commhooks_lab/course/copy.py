@@ -9,10 +9,12 @@ the folder as it was, and ``.course.json`` (the hashes of what the lab wrote) is
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,11 +122,13 @@ class _Tree:
                 folder.close()
 
 
-def _plan(tree: _Tree, root: Path, names: list[Path], recorded: dict, force: bool, done: CourseCopy) -> dict:
+def _plan(
+    tree: _Tree, content: Callable[[Path], bytes], names: list[Path], recorded: dict, force: bool, done: CourseCopy
+) -> dict:
     """Which files to write (name -> bytes), looking only: every refusal is raised before anything is written."""
     writes, refused = {}, []
     for name in names:
-        source = (root / name).read_bytes()
+        source = content(name)
         try:
             parent = tree.folder(name.parent, create=False)
             if parent is None or parent.mode(name.name) is None:
@@ -173,8 +177,9 @@ def _write(tree: _Tree, writes: dict[Path, bytes], done: CourseCopy) -> None:
     done.written.extend(writes)
 
 
-def copy_course(folder: str | Path, force: bool = False) -> CourseCopy:
-    """Copy the course into ``folder``; a file there that the learner changed is kept unless ``force``."""
+def copy_course(folder: str | Path, force: bool = False, lang: str | None = None) -> CourseCopy:
+    """Copy the course into ``folder``; a file there that the learner changed is kept unless ``force``. ``lang``
+    ("ko"): the notebooks and glossary with their translated paragraphs (code and outputs as in English)."""
     from . import course_root
 
     if not str(folder).strip():
@@ -184,10 +189,11 @@ def copy_course(folder: str | Path, force: bool = False) -> CourseCopy:
         )
     folder = Path(folder).expanduser()
     root = course_root()
+    content = _content(root, lang)
     done = CourseCopy(folder)
     new = not os.path.lexists(folder)
     try:
-        return _copy(folder, root, force, done)
+        return _copy(folder, root, content, force, done)
     except CourseCopyError:
         if new:  # a folder this copy made is removed again if it failed (left only if something is in it)
             with contextlib.suppress(OSError):
@@ -195,7 +201,19 @@ def copy_course(folder: str | Path, force: bool = False) -> CourseCopy:
         raise
 
 
-def _copy(folder: Path, root: Path, force: bool, done: CourseCopy) -> CourseCopy:
+def _content(root: Path, lang: str | None) -> Callable[[Path], bytes]:
+    """A course file's bytes as the copy writes them: the English, or in ``lang`` (refused if the course has none)."""
+    if lang is None or lang == "en":
+        return lambda name: (root / name).read_bytes()
+    from .translation import languages, translate_file
+
+    if lang not in languages(root):
+        have = ", ".join(repr(code) for code in ["en", *languages(root)])
+        raise CourseCopyError(f"the course has no translation {lang!r}: choose one of {have}")
+    return functools.cache(lambda name: translate_file(root, lang, name, (root / name).read_bytes()))
+
+
+def _copy(folder: Path, root: Path, content: Callable[[Path], bytes], force: bool, done: CourseCopy) -> CourseCopy:
     from . import course_files
 
     with Folder.open(folder, ADVICE, create=True) as top:
@@ -203,8 +221,8 @@ def _copy(folder: Path, root: Path, force: bool, done: CourseCopy) -> CourseCopy
         try:
             recorded = _written_before(top, done)
             names = course_files(root)
-            _write(tree, _plan(tree, root, names, recorded, force, done), done)
-            unchanged = {str(n): _sha256((root / n).read_bytes()) for n in done.written + done.unchanged}
+            _write(tree, _plan(tree, content, names, recorded, force, done), done)
+            unchanged = {str(n): _sha256(content(n)) for n in done.written + done.unchanged}
             if done.written:
                 try:
                     top.write(MANIFEST, json.dumps({**recorded, **unchanged}, indent=1, sort_keys=True).encode())

@@ -25,6 +25,7 @@ __all__ = [
     "catalogue_path",
     "counts",
     "faithfulness_problems",
+    "languages",
     "markdown_messages",
     "messages",
     "pieces",
@@ -32,6 +33,7 @@ __all__ = [
     "template",
     "translate_markdown",
     "translate_notebook",
+    "translate_file",
     "translate_notebook_file",
     "translated_sources",
     "update_catalog",
@@ -190,6 +192,23 @@ def catalogue_path(root: Path, lang: str, source: Path) -> Path:
     """``locale/ko/LC_MESSAGES/notebooks/01_quickstart.po`` for ``notebooks/01_quickstart.ipynb``."""
     relative = source.relative_to(root) if source.is_absolute() else source
     return root / "locale" / lang / "LC_MESSAGES" / relative.with_suffix(".po")
+
+
+def languages(root: Path) -> list[str]:
+    """The languages the course has catalogues for."""
+    return sorted(p.name for p in (root / "locale").glob("*") if (p / "LC_MESSAGES").is_dir())
+
+
+def translate_file(root: Path, lang: str, name: Path, data: bytes) -> bytes:
+    """The course file ``name`` (relative to ``root``, its bytes ``data``) in ``lang``: a notebook or the glossary
+    with its catalogue's finished paragraphs, anything else (or a file without a catalogue) as it is."""
+    catalogue = catalogue_path(root, lang, name)
+    if not catalogue.exists():
+        return data
+    catalog = read_catalog(catalogue, lang)
+    if name.suffix == ".ipynb":
+        return translate_notebook_file(data, catalog)
+    return translate_markdown(data.decode("utf-8"), _translations(catalog)).encode("utf-8")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from commhooks_lab.course import COURSE_FILES, copy_course, course_files, course_root
+from commhooks_lab.course import CATALOGUES, COURSE_FILES, copy_course, course_files, course_root
 
 ROOT = Path(__file__).resolve().parents[2]
 SDIST = "import sys, setuptools.build_meta as b; print(b.build_sdist(sys.argv[1]))"
@@ -96,9 +96,17 @@ def test_the_wheel_installs_the_course_and_copies_it_out(fresh_env, tmp_path):
 
 
 def test_notebook_1_passes_its_regression_where_the_wheel_put_it(fresh_env, tmp_path):
+    """In Korean (issue 52): the wheel carries the catalogues, and the translated notebook's code and outputs are
+    the English ones, so it passes the same regression."""
     python, _ = fresh_env
-    assert _run(python, "-m", "commhooks_lab", "notebooks", tmp_path).returncode == 0
+    assert _run(python, "-m", "commhooks_lab", "notebooks", tmp_path, "--lang", "ko").returncode == 0
     notebook = tmp_path / "notebooks" / "01_quickstart.ipynb"
+    english = json.loads((ROOT / "notebooks" / "01_quickstart.ipynb").read_text())
+    korean = json.loads(notebook.read_text())
+    assert [c for c in korean["cells"] if c["cell_type"] == "code"] == [
+        c for c in english["cells"] if c["cell_type"] == "code"
+    ]
+    assert re.search("[가-힣]", "".join("".join(c["source"]) for c in korean["cells"] if c["cell_type"] == "markdown"))
     sanitize = (
         Path(
             _run(
@@ -186,3 +194,7 @@ def test_the_build_step_copies_what_the_course_module_serves():
         ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "COURSE"
     ]
     assert copied == COURSE_FILES  # MANIFEST.in is tested by the wheel above: it is built from the sdist
+    (catalogues,) = [
+        ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "CATALOGUES"
+    ]
+    assert catalogues == CATALOGUES

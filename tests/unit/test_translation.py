@@ -81,3 +81,17 @@ def test_the_glossarys_anchors_and_bare_urls_count_too():
     assert tr.faithfulness_problems(source, korean.replace(" (https://pytorch.org/docs)", "")) == [
         "link target missing: https://pytorch.org/docs"
     ]
+
+
+def test_the_course_copies_out_in_korean_and_refuses_a_language_it_does_not_have(tmp_path):
+    from commhooks_lab.course import copy_course
+    from commhooks_lab.course.copy import CourseCopyError
+
+    copy_course(tmp_path, lang="ko")
+    for name in ("01_quickstart.ipynb", "15_the_hook_challenge.ipynb"):
+        copied = nbformat.read(tmp_path / "notebooks" / name, as_version=4)
+        english = nbformat.read(Path(__file__).parents[2] / "notebooks" / name, as_version=4)
+        assert [c for c in copied.cells if c.cell_type == "code"] == [c for c in english.cells if c.cell_type == "code"]
+    with pytest.raises(CourseCopyError, match="the course has no translation 'xx': choose one of 'en', 'ko'"):
+        copy_course(tmp_path / "other", lang="xx")
+    assert not (tmp_path / "other").exists()
