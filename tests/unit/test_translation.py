@@ -1,6 +1,7 @@
 """The course in another language (issue 52): paragraphs as gettext messages, fuzzy when the English changes, and a
 translated notebook that is the English one but for its finished paragraphs."""
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -95,3 +96,17 @@ def test_the_course_copies_out_in_korean_and_refuses_a_language_it_does_not_have
     with pytest.raises(CourseCopyError, match="the course has no translation 'xx': choose one of 'en', 'ko'"):
         copy_course(tmp_path / "other", lang="xx")
     assert not (tmp_path / "other").exists()
+
+
+def test_every_committed_translation_is_faithful_and_its_catalogue_follows_todays_english():
+    """``scripts/translations.py check`` in the suite; and each catalogue holds every paragraph of its English file
+    (``update`` was run since the English last changed), so ``stats`` counts what a learner sees."""
+    root = Path(__file__).parents[2]
+    for source in tr.translated_sources(root):
+        path = tr.catalogue_path(root, "ko", source)
+        catalog = tr.read_catalog(path)
+        assert list(tr.catalogue_problems(catalog)) == [], path
+        text = source.read_text(encoding="utf-8")
+        document = json.loads(text) if source.suffix == ".ipynb" else text
+        wanted = {message for _, message in tr.messages(document)}
+        assert wanted <= {m.id for m in catalog if m.id}, f"{path}: run scripts/translations.py update"
