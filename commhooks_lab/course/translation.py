@@ -41,10 +41,10 @@ __all__ = [
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 #: What must be the same in a translation as in its English source: inline code, link targets, math, numbers.
-_CODE = re.compile(r"`[^`\n]+`")
+_CODE = re.compile(r"`[^`]+`")  # may run over a line break, as markdown allows
 _LINK_TARGET = re.compile(r"\]\(([^)\s]+)[^)]*\)")
 _URL = re.compile(r"https?://[^\s)>\]]+")
-_MATH = re.compile(r"\$[^$\n]+\$")
+_MATH = re.compile(r"\$[^$]+\$")
 _HTML = re.compile(r"<[A-Za-z/][^<>]*>")
 #: Digits not inside a name (fp16, r4); Korean particles may follow them ("30단계"), so only Latin letters count.
 _NUMBER = re.compile(r"(?<![A-Za-z0-9_.])[-+−]?\d+(?:[.,]\d+)*(?![A-Za-z0-9_])")
