@@ -25,6 +25,7 @@ __all__ = [
     "catalogue_path",
     "counts",
     "faithfulness_problems",
+    "heading_anchor",
     "languages",
     "markdown_messages",
     "messages",
@@ -150,14 +151,28 @@ def _translations(catalog) -> dict[str, str]:
     return {m.id: m.string for m in catalog if m.id and m.string and not m.fuzzy}
 
 
+_HEADING = re.compile(r"#{1,6} (.+)")
+
+
+def heading_anchor(heading: str) -> str:
+    """The anchor JupyterLab (and the course's site, ``docs/site/heading_slugs.py``) gives a markdown heading: its
+    shown text, code marks dropped, each run of spaces a ``-``."""
+    return "-".join(heading.replace("`", "").split())
+
+
 def translate_markdown(markdown: str, translations: dict[str, str]) -> str:
+    """``markdown`` with each paragraph that has a translation replaced. A translated heading keeps its English
+    anchor as an explicit one just before it, so links to it from other notebooks still land."""
     out = []
     for kind, text in pieces(markdown):
         message = _message(text) if kind == "text" else None
-        if message is not None and message in translations:
-            out.append(translations[message] + text[len(message) :])
-        else:
+        if message is None or message not in translations:
             out.append(text)
+            continue
+        heading = _HEADING.fullmatch(message)
+        if heading is not None:
+            out.append(f'<a id="{heading_anchor(heading.group(1))}"></a>\n\n')
+        out.append(translations[message] + text[len(message) :])
     return "".join(out)
 
 

@@ -45,7 +45,9 @@ def test_a_changed_english_paragraph_turns_fuzzy_and_shows_in_english_until_upda
         message.string = korean
     _write(catalog, po)
     korean = tr.translate_notebook(notebook, tr.read_catalog(po))
-    assert korean.cells[0].source == "# 제목\n\n랭크는 프로세스입니다.\n\n```python\nx = 1\n```\n\n`ddp`를 보세요."
+    assert korean.cells[0].source == (
+        '<a id="Title"></a>\n\n# 제목\n\n랭크는 프로세스입니다.\n\n```python\nx = 1\n```\n\n`ddp`를 보세요.'
+    )
     assert korean.cells[1] == notebook.cells[1] and tr.counts(tr.read_catalog(po)) == tr.Counts(3, 0, 0)
 
     notebook.cells[0].source = notebook.cells[0].source.replace("Ranks are processes.", "Ranks are OS processes.")
@@ -110,3 +112,34 @@ def test_every_committed_translation_is_faithful_and_its_catalogue_follows_today
         document = json.loads(text) if source.suffix == ".ipynb" else text
         wanted = {message for _, message in tr.messages(document)}
         assert wanted <= {m.id for m in catalog if m.id}, f"{path}: run scripts/translations.py update"
+
+
+def test_in_the_korean_course_every_link_to_a_heading_still_lands(tmp_path):
+    """A translated heading gets a Korean anchor from JupyterLab; its English one is kept just before it, so the
+    links between notebooks (unchanged in translation) still find it."""
+    import re
+
+    from commhooks_lab.course import copy_course, course_files
+
+    copy_course(tmp_path, lang="ko")
+
+    def anchors(path: Path) -> set[str]:
+        if path.suffix == ".ipynb":
+            text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+        else:
+            text = path.read_text(encoding="utf-8")
+        headings = {tr.heading_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", text, re.M)}
+        return set(re.findall(r'<a id="([^"]+)"', text)) | headings
+
+    broken = []
+    for name in course_files(tmp_path):
+        if name.suffix not in (".ipynb", ".md"):
+            continue
+        text = (tmp_path / name).read_text()
+        for target, anchor in re.findall(r"\]\(([\w./-]*\.(?:ipynb|md))?#([^)\s\"\\]+)\)", text):
+            linked = (tmp_path / name).parent / target if target else tmp_path / name
+            if linked.exists() and anchor not in anchors(linked):
+                broken.append(f"{name} -> {target or '(itself)'}#{anchor}")
+    assert broken == []
+    korean = nbformat.read(tmp_path / "notebooks" / "01_quickstart.ipynb", as_version=4)
+    assert re.search("[가-힣]", korean.cells[0].source), "notebook 1 is translated"
