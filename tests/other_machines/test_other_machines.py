@@ -29,8 +29,8 @@ ALL_NOTEBOOKS = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "notebooks").gl
 #: Which quarter of the notebooks a run checks: ``0`` to ``3``, or ``all``. Unset, the quarter changes every day,
 #: so that CI, which has 20 minutes for everything and README command 2's 8, checks every notebook on another kernel
 #: path every four days (re-running the whole course a second time took 184-282 s of a 630-815 s suite; half of it,
-#: 68 s of a 527 s suite; a third, 77 s of an 840 s suite on an AMD EPYC whose whole CI run took 19 min 48 s). Every notebook on every path is what ``scripts/measure_spread.py`` measures, and the
-#: tolerances come from that.
+#: 68 s of a 527 s suite; a third, 77 s of an 840 s suite on an AMD EPYC whose whole CI run took 19 min 48 s).
+#: Every notebook on every path is what ``scripts/measure_spread.py`` measures, and the tolerances come from that.
 PART_VARIABLE = "COMMHOOKS_LAB_OTHER_MACHINES_PART"
 PARTS = 4
 #: Each notebook's strict nbval run in seconds under ``pytest -n 2`` (``--junitxml``, 2026-12-03), only to balance
