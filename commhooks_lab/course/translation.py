@@ -140,10 +140,19 @@ def update_catalog(path: str | Path, fresh, locale: str = "ko") -> None:
         catalog = read_catalog(path, locale)
     else:
         catalog = Catalog(locale=locale, domain=fresh.domain, project="commhooks_lab", fuzzy=False)
+    before = _contents(catalog) if path.exists() else None
     catalog.update(fresh, update_header_comment=False)
+    if _contents(catalog) == before:
+        return  # the English did not change: the file stays as it is (no new date in its header)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "wb") as f:
         write_po(f, catalog, width=0, omit_header=False, sort_output=False, include_previous=True)
+
+
+def _contents(catalog) -> list:
+    return [(m.id, m.string, m.fuzzy, m.previous_id) for m in catalog if m.id] + [
+        (m.id, m.string) for m in catalog.obsolete.values()
+    ]
 
 
 def _translations(catalog) -> dict[str, str]:
